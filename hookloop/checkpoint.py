@@ -1,0 +1,119 @@
+"""Checkpoint files: atomic writes, safe loads, the ``last_checkpoint`` pointer, RNG state.
+
+A checkpoint is a dict of tensors and plain containers, so
+``torch.load(weights_only=True)`` reads it and a stranger's file runs no code.
+"""
+import os
+import pickle
+import random
+import tempfile
+
+import numpy as np
+import torch
+
+from .errors import CheckpointError
+
+POINTER_NAME = 'last_checkpoint'
+
+
+def _fsync_dir(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some filesystems do not open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, write):
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to
+    ``path``. On any error the temporary file is removed and ``path`` is untouched."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix='.tmp', dir=directory)
+    try:
+        with os.fdopen(fd, 'wb') as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_path)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+
+
+def save_checkpoint(checkpoint, path):
+    """Write ``checkpoint`` to ``path`` atomically; CheckpointError on I/O failure."""
+    try:
+        atomic_write(path, lambda f: torch.save(checkpoint, f))
+    except OSError as exc:
+        raise CheckpointError(f'could not write checkpoint {path}: {exc.strerror or exc}; '
+                              'the previous checkpoint is kept') from exc
+
+
+def update_pointer(work_dir, checkpoint_path):
+    """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically)."""
+    target = os.path.abspath(checkpoint_path)
+    atomic_write(os.path.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
+
+
+def read_pointer(work_dir):
+    """The checkpoint path the pointer names, or None when there is no pointer."""
+    pointer = os.path.join(work_dir, POINTER_NAME)
+    if not os.path.exists(pointer):
+        return None
+    with open(pointer, encoding='utf-8') as f:
+        path = f.read().strip()
+    if not os.path.isabs(path):
+        path = os.path.join(work_dir, path)
+    return path
+
+
+def load_checkpoint(path, map_location='cpu'):
+    """Load a checkpoint with ``weights_only=True``; anything else is a CheckpointError."""
+    if not os.path.exists(path):
+        raise CheckpointError(f'checkpoint {path!r} does not exist')
+    if os.path.isdir(path):
+        raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f'refusing to load {path!r}: it holds objects that would need arbitrary '
+                              f'code to unpickle (weights_only load failed: {str(exc).splitlines()[0]})') from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f'{path!r} is not a readable checkpoint: {str(exc).splitlines()[0]}') from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f'{path!r} is not a hookloop checkpoint (got {type(checkpoint).__name__})')
+    return checkpoint
+
+
+# -- random number generators, in a weights_only-safe form ---------------------------------
+
+def get_rng_state():
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        'python': {'version': version, 'state': list(internal), 'gauss': gauss},
+        'numpy': {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
+                  'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)},
+        'torch': torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    python = state['python']
+    random.setstate((python['version'], tuple(python['state']), python['gauss']))
+    numpy = state['numpy']
+    np.random.set_state((numpy['name'], numpy['keys'].numpy().astype(np.uint32), numpy['pos'],
+                         numpy['has_gauss'], numpy['cached_gaussian']))
+    torch.set_rng_state(state['torch'])
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])

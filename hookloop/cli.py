@@ -1,0 +1,82 @@
+"""``hookloop train|hooks`` — run a config, or show the order its hooks run in.
+
+Errors from bad input print one line and exit non-zero; ``--debug`` shows the traceback.
+"""
+import argparse
+import sys
+
+from .errors import HookloopError
+
+
+def build_from_config(path, cfg_options=None, work_dir=None, resume=None):
+    """The trainer a config file describes, after overrides."""
+    from .config import load_config, parse_options, set_dotted
+    from .trainer import build_trainer
+    cfg = load_config(path)
+    for dotted, value in parse_options(cfg_options).items():
+        set_dotted(cfg, dotted, value)
+    if work_dir is not None:
+        cfg['work_dir'] = work_dir
+    if resume is not None:
+        cfg['resume_from'] = resume
+    name = cfg.pop('trainer', 'default')
+    cfg['cfg'] = dict(cfg)
+    return build_trainer(name, default_args=cfg)
+
+
+def _train(args):
+    trainer = build_from_config(args.config, args.cfg_options, args.work_dir, args.resume)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return 0
+
+
+def _hooks(args):
+    trainer = build_from_config(args.config, args.cfg_options)
+    print(trainer.hook_order_table())
+    trainer.close()
+    return 0
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(prog='hookloop', description='hookloop: a training loop built from hooks')
+    parser.add_argument('--debug', action='store_true', help='show tracebacks for errors')
+    commands = parser.add_subparsers(dest='command', required=True)
+
+    train = commands.add_parser('train', help='train from a config file')
+    train.add_argument('config')
+    train.add_argument('--work-dir', help='where logs and checkpoints go (overrides the config)')
+    train.add_argument('--cfg-options', nargs='+', metavar='KEY=VALUE', default=[],
+                       help='override config values, e.g. optimizer.lr=0.01 (values read as Python literals)')
+    train.add_argument('--resume', metavar='auto|PATH',
+                       help="continue exactly from a checkpoint; 'auto' uses <work_dir>/last_checkpoint")
+    train.add_argument('--debug', action='store_true', default=argparse.SUPPRESS)
+    train.set_defaults(run=_train)
+
+    hooks = commands.add_parser('hooks', help='print, per stage, the hooks of a config in run order')
+    hooks.add_argument('config')
+    hooks.add_argument('--cfg-options', nargs='+', metavar='KEY=VALUE', default=[])
+    hooks.add_argument('--debug', action='store_true', default=argparse.SUPPRESS)
+    hooks.set_defaults(run=_hooks)
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except HookloopError as exc:
+        if args.debug:
+            raise
+        print(f'hookloop: error: {exc}', file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print('hookloop: interrupted', file=sys.stderr)
+        return 130
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Resumable, rank-sharded batches whose order and worker randomness depend only on
+``(seed, epoch, position)``.
+
+* The epoch's order is ``torch.randperm(n)`` from a generator seeded with
+  ``seed + epoch`` — the same order ``DistributedSampler`` uses — then padded (or cut)
+  to a multiple of the world size and shared out: rank r takes positions r, r+W, ...
+* Resuming at batch k of an epoch starts the sampler at k: skipped batches are never
+  loaded or collated.
+* Each batch carries a seed derived from ``(seed, epoch, batch index)``; a data-loader
+  worker reseeds ``random``, NumPy and torch with it before loading the batch, so
+  augmentations do not depend on which worker loads a batch or on how long workers
+  have lived. (In the main process, ``num_workers=0``, the global RNG is left alone:
+  its state is part of every checkpoint.)
+"""
+import math
+import random
+import warnings
+
+import numpy as np
+import torch
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler,
+                              SequentialSampler)
+from torch.utils.data.distributed import DistributedSampler
+
+from .errors import ConfigError
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values):
+    """A well-spread 63-bit seed from integers (splitmix64 over the sequence)."""
+    state = 0x9E3779B97F4A7C15
+    for value in values:
+        state = (state + (int(value) & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
+
+
+def epoch_order(length, seed, epoch, shuffle):
+    """The sample order of an epoch, as ``DistributedSampler`` computes it."""
+    if not shuffle:
+        return list(range(length))
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(length, generator=generator).tolist()
+
+
+def shard(order, rank, world_size, drop_last=False):
+    """Rank ``rank``'s positions of ``order``: padded by wrapping around (or cut when
+    ``drop_last``) to a multiple of ``world_size``, then every ``world_size``-th item."""
+    if world_size == 1:
+        return order
+    if drop_last:
+        total = (len(order) // world_size) * world_size
+        order = order[:total]
+    else:
+        total = math.ceil(len(order) / world_size) * world_size
+        padding = total - len(order)
+        order = order + (order * math.ceil(padding / max(len(order), 1)))[:padding]
+    return order[rank:total:world_size]
+
+
+class ResumableBatchSampler(torch.utils.data.Sampler):
+    """Batches of ``(index, batch_seed)`` keys for :class:`SeededDataset`.
+
+    The first key of a batch carries the batch's seed; the others carry ``None``.
+    Call :meth:`set_epoch` before each epoch (the trainer does).
+    """
+
+    def __init__(self, length, batch_size, shuffle=False, seed=0, drop_last=False,
+                 rank=0, world_size=1, shard_drop_last=False):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f'batch_size must be a positive int, got {batch_size!r}')
+        self.length = length
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.rank = rank
+        self.world_size = world_size
+        self.shard_drop_last = shard_drop_last
+        self.epoch = 0
+        self.start_batch = 0
+
+    def set_epoch(self, epoch, start_batch=0):
+        self.epoch = epoch
+        self.start_batch = start_batch
+
+    def indices(self):
+        """This rank's sample indices for the current epoch, in order."""
+        order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
+        return shard(order, self.rank, self.world_size, self.shard_drop_last)
+
+    def num_samples(self):
+        if self.world_size == 1:
+            return self.length
+        if self.shard_drop_last:
+            return self.length // self.world_size
+        return math.ceil(self.length / self.world_size)
+
+    def __len__(self):
+        n = self.num_samples()
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self):
+        indices = self.indices()
+        for batch_index in range(self.start_batch, len(self)):
+            chunk = indices[batch_index * self.batch_size:(batch_index + 1) * self.batch_size]
+            batch_seed = mix_seed(self.seed, self.epoch, self.rank, batch_index)
+            yield [(chunk[0], batch_seed)] + [(i, None) for i in chunk[1:]]
+
+
+def seed_everything(seed):
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+class SeededDataset(Dataset):
+    """Wraps a map-style dataset; keys are ``(index, batch_seed or None)``."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, batch_seed = key
+        if batch_seed is not None and torch.utils.data.get_worker_info() is not None:
+            seed_everything(batch_seed)
+        return self.dataset[index]
+
+    def __getattr__(self, name):  # user code may ask the loader's dataset for its own attributes
+        if name == 'dataset':
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def resumable_loader(dataset, batch_size=1, shuffle=False, seed=0, drop_last=False, rank=0,
+                     world_size=1, **loader_kwargs):
+    """A DataLoader over ``dataset`` with a :class:`ResumableBatchSampler`."""
+    sampler = ResumableBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
+                                    drop_last=drop_last, rank=rank, world_size=world_size)
+    return DataLoader(SeededDataset(dataset), batch_sampler=sampler, **loader_kwargs)
+
+
+_KEPT_LOADER_ARGS = ('num_workers', 'collate_fn', 'pin_memory', 'timeout', 'worker_init_fn',
+                     'multiprocessing_context', 'prefetch_factor', 'persistent_workers',
+                     'pin_memory_device', 'in_order')
+
+
+def make_resumable(loader, seed, rank=0, world_size=1):
+    """Rebuild a user's DataLoader around a :class:`ResumableBatchSampler`.
+
+    Returns the loader unchanged when it is already resumable or cannot be rebuilt
+    (an IterableDataset, or a custom sampler); the trainer then skips batches on
+    resume by iterating, and says so.
+    """
+    if isinstance(getattr(loader, 'batch_sampler', None), ResumableBatchSampler):
+        return loader
+    if isinstance(loader.dataset, IterableDataset):
+        return loader
+    batch_sampler = loader.batch_sampler
+    if batch_sampler is None or type(batch_sampler) is not BatchSampler:
+        return loader
+    sampler = batch_sampler.sampler
+    if isinstance(sampler, RandomSampler):
+        if sampler.replacement or sampler._num_samples is not None:
+            return loader
+        shuffle, shard_drop_last = True, False
+    elif isinstance(sampler, SequentialSampler):
+        shuffle, shard_drop_last = False, False
+    elif isinstance(sampler, DistributedSampler):
+        shuffle, shard_drop_last = sampler.shuffle, sampler.drop_last
+        seed = sampler.seed if seed is None else seed
+    else:
+        return loader
+    kwargs = {name: getattr(loader, name) for name in _KEPT_LOADER_ARGS if hasattr(loader, name)}
+    if kwargs.get('num_workers', 0) == 0:
+        kwargs.pop('prefetch_factor', None)
+        kwargs.pop('persistent_workers', None)
+    new_sampler = ResumableBatchSampler(len(loader.dataset), batch_sampler.batch_size, shuffle=shuffle,
+                                        seed=seed, drop_last=batch_sampler.drop_last, rank=rank,
+                                        world_size=world_size, shard_drop_last=shard_drop_last)
+    return DataLoader(SeededDataset(loader.dataset), batch_sampler=new_sampler, **kwargs)
+
+
+def skip_batches(iterator, count, loader_name='train_dataloader'):
+    """Fallback resume for loaders that cannot start mid-epoch: load and drop batches."""
+    if count:
+        warnings.warn(f'{loader_name} cannot start mid-epoch (custom sampler or IterableDataset); '
+                      f'loading and discarding {count} batches to resume')
+    for _ in range(count):
+        next(iterator)
+    return iterator

@@ -1,0 +1,1 @@
+"""Small, download-free models and data for the examples and tests."""

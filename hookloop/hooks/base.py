@@ -1,0 +1,145 @@
+"""The Hook base class: named stages, each a no-op, and the interval helpers.
+
+A hook overrides the stages it needs. The trainer calls a hook only at the stages
+its class overrides (see :func:`implemented_stages`), so an unused stage costs
+nothing. MMCV's generic stages (``before_epoch``, ``after_iter``, ...) are
+supported: a hook that defines only ``after_iter`` is called after train *and*
+val iterations.
+"""
+from ..priority import Priority
+
+# The stages in the order a run meets them; checkpoint stages take the checkpoint dict.
+TRAIN_STAGES = ('before_run', 'before_train_epoch', 'before_train_iter', 'after_train_iter',
+                'after_train_epoch', 'after_run')
+VAL_STAGES = ('before_val_epoch', 'before_val_iter', 'after_val_iter', 'after_val_epoch')
+CHECKPOINT_STAGES = ('before_save_checkpoint', 'after_load_checkpoint')
+STAGES = TRAIN_STAGES[:4] + VAL_STAGES + TRAIN_STAGES[4:] + CHECKPOINT_STAGES
+
+# Specific stage -> the generic MMCV stage it falls back to.
+GENERIC_STAGE = {
+    'before_train_epoch': 'before_epoch', 'after_train_epoch': 'after_epoch',
+    'before_val_epoch': 'before_epoch', 'after_val_epoch': 'after_epoch',
+    'before_train_iter': 'before_iter', 'after_train_iter': 'after_iter',
+    'before_val_iter': 'before_iter', 'after_val_iter': 'after_iter',
+}
+
+
+class Hook:
+    """Base class of all hooks. Subclasses override stages; all take the trainer.
+
+    Class attributes a hook may set:
+      ``PRIORITY``  default priority (a :class:`Priority` or int) when none is given;
+      ``ROLE``      what the hook does (``'optimizer'``, ``'lr'``, ``'ema'``,
+                    ``'checkpoint'``, ``'logger'``, ...); ordering constraints and the
+                    default hooks are expressed in roles (see ``hookloop.hooks.order``);
+      ``EXCLUSIVE`` True when at most one hook of this role may be registered.
+    """
+
+    PRIORITY = Priority.NORMAL
+    ROLE = None
+    EXCLUSIVE = False
+
+    # -- generic stages (MMCV) -------------------------------------------------------
+    def before_epoch(self, trainer):
+        pass
+
+    def after_epoch(self, trainer):
+        pass
+
+    def before_iter(self, trainer):
+        pass
+
+    def after_iter(self, trainer):
+        pass
+
+    # -- run -------------------------------------------------------------------------
+    def before_run(self, trainer):
+        pass
+
+    def after_run(self, trainer):
+        pass
+
+    # -- train / val: by default delegate to the generic stages ------------------------
+    def before_train_epoch(self, trainer):
+        self.before_epoch(trainer)
+
+    def after_train_epoch(self, trainer):
+        self.after_epoch(trainer)
+
+    def before_val_epoch(self, trainer):
+        self.before_epoch(trainer)
+
+    def after_val_epoch(self, trainer):
+        self.after_epoch(trainer)
+
+    def before_train_iter(self, trainer):
+        self.before_iter(trainer)
+
+    def after_train_iter(self, trainer):
+        self.after_iter(trainer)
+
+    def before_val_iter(self, trainer):
+        self.before_iter(trainer)
+
+    def after_val_iter(self, trainer):
+        self.after_iter(trainer)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def before_save_checkpoint(self, trainer, checkpoint):
+        """Called with the checkpoint dict before it is written; may add top-level entries."""
+
+    def after_load_checkpoint(self, trainer, checkpoint):
+        """Called with the loaded checkpoint dict after the trainer restored its state."""
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def name(self):
+        """The key of this hook's state in checkpoints; the class name unless set."""
+        return self.__dict__.get('_name', type(self).__name__)
+
+    @name.setter
+    def name(self, value):
+        self.__dict__['_name'] = value
+
+    # -- interval helpers (counters count *completed* iterations, see Trainer) ------------
+    @staticmethod
+    def every_n_iters(trainer, n):
+        """True at the iteration that completes a multiple of ``n`` global iterations."""
+        return n > 0 and (trainer.iter + 1) % n == 0
+
+    @staticmethod
+    def every_n_inner_iters(trainer, n):
+        """True at the iteration that completes a multiple of ``n`` iterations of this epoch."""
+        return n > 0 and (trainer.inner_iter + 1) % n == 0
+
+    @staticmethod
+    def every_n_epochs(trainer, n):
+        """True in the epoch that completes a multiple of ``n`` epochs."""
+        return n > 0 and (trainer.epoch + 1) % n == 0
+
+    @staticmethod
+    def end_of_epoch(trainer):
+        """True at the last iteration of the current epoch (a shortened last epoch too)."""
+        return trainer.inner_iter + 1 == trainer.epoch_length
+
+    @staticmethod
+    def is_last_iter(trainer):
+        return trainer.iter + 1 == trainer.max_iters
+
+    @staticmethod
+    def is_last_epoch(trainer):
+        return trainer.epoch + 1 == trainer.max_epochs
+
+
+def overrides(hook, stage):
+    """True when ``hook``'s class defines ``stage`` (or its generic fallback) itself."""
+    cls = type(hook)
+    if getattr(cls, stage, None) is not getattr(Hook, stage):
+        return True
+    generic = GENERIC_STAGE.get(stage)
+    return generic is not None and getattr(cls, generic, None) is not getattr(Hook, generic)
+
+
+def implemented_stages(hook):
+    """The stages at which ``hook`` does something, in run order."""
+    return [stage for stage in STAGES if overrides(hook, stage)]

@@ -1,0 +1,3 @@
+from .text import TextLoggerHook
+
+__all__ = ['TextLoggerHook']

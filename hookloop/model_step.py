@@ -1,0 +1,45 @@
+"""The model step contract: how a batch reaches the model and what comes back."""
+from collections.abc import Mapping
+
+import torch
+
+
+def move_to_device(batch, device):
+    """``batch`` with every tensor on ``device`` (dicts, lists and tuples are walked)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: move_to_device(v, device) for k, v in batch.items()}) \
+            if type(batch) is not dict else {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, '_fields'):  # namedtuple
+        return type(batch)(*(move_to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    return batch
+
+
+def call_model(model, batch):
+    """A Mapping batch is passed as keywords, a tuple/list as positional arguments,
+    anything else as the single argument."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def as_outputs(outputs):
+    """Model outputs as a Mapping: a tensor is ``{'loss': tensor}``; a Mapping (an HF
+    ``ModelOutput`` too) is used as is; another object with ``.loss`` contributes its
+    public attributes."""
+    if isinstance(outputs, torch.Tensor):
+        return {'loss': outputs}
+    if isinstance(outputs, Mapping):
+        return outputs
+    if hasattr(outputs, 'loss'):
+        fields = {k: v for k, v in vars(outputs).items() if not k.startswith('_')} if hasattr(outputs, '__dict__') else {}
+        fields['loss'] = outputs.loss
+        return fields
+    raise TypeError(f'the model (or loss_fn) returned a {type(outputs).__name__}; a training step must return '
+                    'a loss tensor, a dict with a "loss" entry, or an object with a .loss attribute '
+                    '(pass loss_fn=... to turn plain outputs into a loss)')

@@ -1,0 +1,584 @@
+"""The Trainer: state, the train and validation loops, and hook dispatch.
+
+Everything optional — stepping the optimizer, schedules, checkpoints, logging —
+is a hook. The loop only fetches batches, runs the model step and calls the
+hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
+"""
+import contextlib
+import importlib
+import math
+import os
+import random
+import time
+from collections.abc import Mapping
+
+import torch
+
+from . import __version__
+from .builder import build_dataloader, build_model, build_optimizer
+from .checkpoint import get_rng_state, load_checkpoint, read_pointer, save_checkpoint, set_rng_state, update_pointer
+from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
+from .dist import broadcast_object, get_rank, get_world_size
+from .errors import CheckpointError, ConfigError, DataError
+from .evaluation import build_evaluator
+from .hooks.base import STAGES, Hook
+from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_table
+from .log import close_logger, create_logger
+from .meters import MeterBuffer
+from .model_step import as_outputs, call_model, move_to_device
+from .priority import Priority, get_priority
+from .registry import HOOKS, TRAINERS, closest_names
+
+
+def _positive_int(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f'{name} must be a positive int, got {value!r}')
+    return value
+
+
+def plain(value):
+    """``value`` with everything that is not a plain container, number or string
+    replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+@TRAINERS.register_module(module_name=['default', 'Trainer'])
+class Trainer:
+    """Runs training with hooks.
+
+    Args:
+        model: an ``nn.Module`` or a config dict for the ``MODELS`` registry.
+        optimizer: a ``torch.optim.Optimizer`` or a dict such as ``dict(type='AdamW', lr=1e-3)``
+            (built over the model's trainable parameters).
+        train_dataloader, val_dataloader: a ``DataLoader`` or a dict
+            ``dict(dataset=..., batch_size=..., shuffle=..., num_workers=...)``. A DataLoader
+            with a standard sampler is rebuilt around a resumable, seedable one.
+        val_evaluator: an object with ``reset/update/compute``, a ``torchmetrics.Metric``, a
+            function ``(outputs, batch) -> dict`` or a dict such as ``dict(type='Accuracy')``.
+        max_epochs, max_iters: exactly one of them. With ``max_iters`` the loader is cycled.
+        work_dir: where logs and checkpoints go (created).
+        seed: the run's seed; ``None`` draws one (logged and stored in checkpoints).
+        device: ``'cpu'``, ``'cuda'``, ... ; ``None`` picks CUDA when available.
+        loss_fn: ``loss_fn(outputs, batch)`` turning a plain model's outputs into a loss.
+        lr_config, optimizer_config, checkpoint_config, log_config, momentum_config,
+        timer_config, custom_hooks, evaluation: hook configs, as in MMCV (see
+            :meth:`register_training_hooks`).
+        resume_from: a checkpoint path to continue from exactly, or ``'auto'``.
+        auto_resume: continue from ``<work_dir>/last_checkpoint`` when it exists.
+        load_from: a checkpoint whose model weights initialise a fresh run.
+        custom_imports: modules to import first (they register models, datasets, hooks).
+        cfg: the config this trainer was built from, stored in checkpoint metadata.
+    """
+
+    def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
+                 max_epochs=None, max_iters=None, work_dir='work_dirs/default', seed=None, device=None,
+                 loss_fn=None, lr_config=None, optimizer_config=None, checkpoint_config=None, log_config=None,
+                 momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
+                 resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
+                 log_level='INFO'):
+        for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
+        self.max_epochs = _positive_int('max_epochs', max_epochs)
+        self.max_iters = _positive_int('max_iters', max_iters)
+        if train_dataloader is not None and (max_epochs is None) == (max_iters is None):
+            raise ConfigError('give exactly one of max_epochs and max_iters '
+                              f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
+        self.by_epoch = max_epochs is not None
+        if resume_from is not None and load_from is not None:
+            raise ConfigError('resume_from and load_from exclude each other: resume continues a run, '
+                              'load_from starts a new one from its weights')
+        for name, path in (('resume_from', resume_from), ('load_from', load_from)):
+            if path is not None and path != 'auto' and not os.path.isfile(path):
+                raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
+        self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
+        self.cfg = cfg
+        self.loss_fn = loss_fn
+
+        self.rank, self.world_size = get_rank(), get_world_size()
+        self.work_dir = self._make_work_dir(work_dir)
+        self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
+        self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
+        if seed is None:
+            seed = broadcast_object(random.SystemRandom().randrange(2 ** 31))
+        elif isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f'seed must be an int or None, got {seed!r}')
+        self.seed = seed
+        seed_everything(seed)
+
+        self.device = torch.device(device) if device is not None else \
+            torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+        self.model = build_model(model).to(self.device)
+        self.wrapped_model = self.model  # the model the step calls (DDP/FSDP wrap it)
+        self.optimizer = build_optimizer(optimizer, self.model)
+        self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
+        self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
+        self.val_evaluator = build_evaluator(val_evaluator)
+        self._init_progress()
+
+        self.epoch = self.iter = self.inner_iter = self.val_iter = 0
+        self.mode = 'train'
+        self.outputs = self.val_outputs = self.data_batch = None
+        self.metrics = {}  # the latest validation results
+        self.meters = MeterBuffer()
+        self.exception = None
+        self.stop_reason = None
+        # Set by hooks: wraps the forward (autocast, DDP no_sync). Called each step.
+        self.forward_context = contextlib.nullcontext
+        self.val_forward_context = contextlib.nullcontext
+
+        self._hook_entries = []  # (priority, registration index, hook)
+        self._dispatch = None
+        self._stage = None
+        self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
+                                     momentum_config, timer_config, custom_hooks)
+        if evaluation is not None:
+            self.register_hook(self._hook_cfg(evaluation, 'EvaluationHook'), priority='LOW')
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _make_work_dir(self, work_dir):
+        if not isinstance(work_dir, (str, os.PathLike)):
+            raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
+        work_dir = os.path.abspath(os.fspath(work_dir))
+        if self.rank == 0:
+            try:
+                os.makedirs(work_dir, exist_ok=True)
+                probe = os.path.join(work_dir, f'.write_test_{os.getpid()}')
+                with open(probe, 'w'):
+                    pass
+                os.remove(probe)
+            except OSError as exc:
+                raise ConfigError(f'work_dir {work_dir!r} is not writable: {exc.strerror or exc}') from None
+        return work_dir
+
+    def _init_progress(self):
+        loader = self.train_dataloader
+        if loader is None:
+            self.iters_per_epoch = 0
+            return
+        try:
+            self.iters_per_epoch = len(loader)
+        except TypeError:
+            raise ConfigError('train_dataloader has no length; give its dataset a __len__') from None
+        if self.iters_per_epoch == 0:
+            raise DataError(f'train_dataloader is empty: {len(loader.dataset) if hasattr(loader, "dataset") else "?"} '
+                            f'samples give no batch (check batch_size and drop_last)')
+        if self.by_epoch:
+            self.max_iters = self.max_epochs * self.iters_per_epoch
+        else:
+            self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
+
+    @property
+    def epoch_length(self):
+        """Iterations in the current epoch: the loader's length, or fewer in the last epoch
+        of an iteration-based run."""
+        return min(self.iters_per_epoch, self.max_iters - self.epoch * self.iters_per_epoch)
+
+    @property
+    def train_outputs(self):
+        return self.outputs
+
+    @property
+    def hooks(self):
+        """The registered hooks, by priority (ties in registration order)."""
+        return sort_by_priority(self._hook_entries)
+
+    # -- hooks -----------------------------------------------------------------------------
+    def register_hook(self, hook, priority=None):
+        """Register a Hook instance or a config dict (which may carry a ``priority`` key).
+
+        ``priority`` (a name such as ``'NORMAL'`` or an int 0..100) overrides the dict's
+        and the class's ``PRIORITY``. Lower values run first; ties run in registration order.
+        """
+        if isinstance(hook, Mapping):
+            cfg = dict(hook)
+            cfg_priority = cfg.pop('priority', None)
+            hook = HOOKS.build(cfg)
+            priority = cfg_priority if priority is None else priority
+        if not isinstance(hook, Hook):
+            raise ConfigError(f'a hook must be a hookloop.Hook or a config dict, got {type(hook).__name__}')
+        value = get_priority(getattr(hook, 'PRIORITY', Priority.NORMAL) if priority is None else priority)
+        for _, _, other in self._hook_entries:
+            if other is hook:
+                raise ConfigError(f'{hook.name} is already registered')
+            if getattr(hook, 'EXCLUSIVE', False) and role_of(other) == role_of(hook):
+                raise ConfigError(f'cannot register {type(hook).__name__}: {type(other).__name__} is already '
+                                  f'registered for the "{role_of(hook)}" role and only one hook may fill it '
+                                  '(configure that one hook instead, e.g. optimizer_config=dict(...))')
+        names = {other.name for _, _, other in self._hook_entries}
+        if hook.name in names:
+            n = 1
+            while f'{hook.name}_{n}' in names:
+                n += 1
+            hook.name = f'{hook.name}_{n}'
+        self._hook_entries.append((value, len(self._hook_entries), hook))
+        self._dispatch = None
+        return hook
+
+    @staticmethod
+    def _hook_cfg(cfg, default_type):
+        if isinstance(cfg, Hook):
+            return cfg
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f'a {default_type} config must be a dict, got {cfg!r}')
+        cfg = dict(cfg)
+        cfg.setdefault('type', default_type)
+        return cfg
+
+    @staticmethod
+    def _policy_hook_cfg(cfg, suffix):
+        """``dict(policy='Step', ...)`` -> ``dict(type='StepLrUpdaterHook', ...)``."""
+        if isinstance(cfg, Hook) or 'type' in cfg:
+            return cfg
+        cfg = dict(cfg)
+        if 'policy' not in cfg:
+            raise ConfigError(f'{suffix} config needs a "policy" (or a "type"), got {cfg!r}')
+        policy = cfg.pop('policy')
+        if not isinstance(policy, str):
+            cfg['type'] = policy
+            return cfg
+        name = policy + suffix
+        if name not in HOOKS:  # accept any capitalisation ('step', 'cosineannealing', ...)
+            by_lower = {key.lower(): key for key in HOOKS.keys() if key.endswith(suffix)}
+            if name.lower() not in by_lower:
+                known = sorted(key[:-len(suffix)] for key in by_lower.values())
+                hint = closest_names(policy, known)
+                raise ConfigError(f'unknown {suffix[:-len("UpdaterHook")].lower() or suffix} policy {policy!r}'
+                                  f'{"; closest: " + ", ".join(hint) if hint else ""}; known policies: '
+                                  f'{", ".join(known) or "none registered"}')
+            name = by_lower[name.lower()]
+        cfg['type'] = name
+        return cfg
+
+    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
+                                log_config=None, momentum_config=None, timer_config=None,
+                                custom_hooks_config=None):
+        """Register the standard hooks from their configs, with MMCV's priorities:
+        lr VERY_HIGH, momentum HIGH, optimizer ABOVE_NORMAL, checkpoint NORMAL, timer LOW,
+        loggers VERY_LOW; custom hooks NORMAL unless their dict says ``priority=...``."""
+        if lr_config is not None:
+            self.register_hook(self._policy_hook_cfg(lr_config, 'LrUpdaterHook'), priority='VERY_HIGH')
+        if momentum_config is not None:
+            self.register_hook(self._policy_hook_cfg(momentum_config, 'MomentumUpdaterHook'), priority='HIGH')
+        if optimizer_config is not None:
+            self.register_hook(self._hook_cfg(optimizer_config, 'OptimizerHook'), priority='ABOVE_NORMAL')
+        if checkpoint_config is not None:
+            self.register_hook(self._hook_cfg(checkpoint_config, 'CheckpointHook'), priority='NORMAL')
+        if timer_config is not None:
+            self.register_hook(self._hook_cfg(timer_config, 'IterTimerHook'), priority='LOW')
+        if log_config is not None:
+            self._register_logger_hooks(log_config)
+        if custom_hooks_config is not None:
+            if isinstance(custom_hooks_config, (Mapping, Hook)):
+                custom_hooks_config = [custom_hooks_config]
+            for cfg in custom_hooks_config:
+                self.register_hook(cfg)
+
+    def _register_logger_hooks(self, log_config):
+        if not isinstance(log_config, Mapping):
+            raise ConfigError(f'log_config must be a dict like dict(interval=10, hooks=[...]), got {log_config!r}')
+        log_config = dict(log_config)
+        interval = log_config.pop('interval', 10)
+        hooks = log_config.pop('hooks', [dict(type='TextLoggerHook')])
+        if log_config:
+            raise ConfigError(f'log_config got unexpected keys {sorted(log_config)}; use interval and hooks')
+        for cfg in hooks:
+            if isinstance(cfg, Mapping):
+                cfg = dict(cfg)
+                kind = HOOKS.get(cfg['type']) if isinstance(cfg.get('type'), str) else cfg.get('type')
+                if kind is not None and 'interval' not in cfg and _accepts(kind, 'interval'):
+                    cfg['interval'] = interval
+            self.register_hook(cfg, priority='VERY_LOW')
+
+    def _add_default_hooks(self):
+        roles = {role_of(hook) for _, _, hook in self._hook_entries}
+        defaults = []
+        if 'optimizer' not in roles and self.optimizer is not None:
+            defaults.append(dict(type='OptimizerHook'))
+        if 'timer' not in roles:
+            defaults.append(dict(type='IterTimerHook'))
+        if 'logger' not in roles:
+            defaults.append(dict(type='TextLoggerHook'))
+        if 'evaluation' not in roles and self.val_dataloader is not None:
+            defaults.append(dict(type='EvaluationHook'))
+        for cfg in defaults:
+            self.register_hook(cfg)
+
+    def resolve_hooks(self):
+        """Add default hooks for empty roles and build the stage -> methods dispatch table."""
+        if self._dispatch is None:
+            self._add_default_hooks()
+            self._stage_hooks = stage_table(self.hooks)
+            self._dispatch = {stage: [getattr(h, stage) for h in hooks] for stage, hooks in self._stage_hooks.items()}
+        return self._stage_hooks
+
+    def hook_order_table(self):
+        """The per-stage run order, as printed at the start of a run."""
+        priorities = {id(hook): value for value, _, hook in self._hook_entries}
+        return format_stage_table(self.resolve_hooks(), lambda hook: priorities[id(hook)])
+
+    def call_hook(self, stage, *args):
+        """Call ``stage`` on every hook that implements it, in order."""
+        previous, self._stage = self._stage, stage
+        try:
+            for method in self._dispatch[stage]:
+                method(self, *args)
+        finally:
+            self._stage = previous
+
+    def request_stop(self, reason):
+        """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
+        self.stop_reason = reason
+
+    # -- training --------------------------------------------------------------------------
+    def train(self):
+        """Run training to ``max_epochs`` / ``max_iters`` (or until a hook requests a stop)."""
+        if self.train_dataloader is None:
+            raise ConfigError('train() needs a train_dataloader')
+        if self.optimizer is None:
+            raise ConfigError('train() needs an optimizer')
+        self.resolve_hooks()
+        self.logger.info('seed: %d, device: %s, work_dir: %s', self.seed, self.device, self.work_dir)
+        self.logger.info('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
+        if self.load_from is not None:
+            self.load_weights(self.load_from)
+        self.exception = None
+        try:
+            self.call_hook('before_run')
+            self._resume_if_asked()
+            while self.epoch < self.max_epochs and self.stop_reason is None:
+                self._train_epoch()
+        except BaseException as exc:
+            self.exception = exc
+            raise
+        finally:
+            self._finish_run()
+        return self.model
+
+    def _finish_run(self):
+        """``after_run`` on every exit path; on an error path a failing hook is logged,
+        not raised, so the original error stays visible."""
+        if self.exception is None:
+            self.call_hook('after_run')
+        else:
+            for method in self._dispatch['after_run']:
+                try:
+                    method(self)
+                except Exception as hook_error:  # keep the error that stopped training
+                    self.logger.error('%s.after_run failed while handling %r: %r',
+                                      getattr(method, '__self__', method), self.exception, hook_error)
+        if self.stop_reason is not None:
+            self.logger.info('training stopped at epoch %d, iteration %d: %s', self.epoch, self.iter, self.stop_reason)
+
+    def _train_epoch(self):
+        loader = self.train_dataloader
+        self._set_loader_epoch(loader, self.epoch, self.inner_iter)
+        self.mode = 'train'
+        self.wrapped_model.train()
+        self.call_hook('before_train_epoch')
+        batches = iter(loader)
+        if not isinstance(loader.batch_sampler, ResumableBatchSampler):
+            skip_batches(batches, self.inner_iter)
+        before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
+        length = self.epoch_length
+        while self.inner_iter < length and self.stop_reason is None:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise DataError(f'train_dataloader ended after {self.inner_iter} batches but reported '
+                                f'{self.iters_per_epoch}') from None
+            self.data_batch = batch = self.to_device(batch)
+            self._stage = 'before_train_iter'
+            for method in before_iter:
+                method(self)
+            self.outputs = self.train_step(batch)
+            self._stage = 'after_train_iter'
+            for method in after_iter:
+                method(self)
+            self._stage = None
+            self.iter += 1
+            self.inner_iter += 1
+        del batches  # shuts data-loader workers down before the epoch-end hooks
+        if self.inner_iter < length:
+            return  # stopped early: the epoch is not over
+        self.call_hook('after_train_epoch')
+        self.epoch += 1
+        self.inner_iter = 0
+
+    def to_device(self, batch):
+        if self.device.type == 'cpu':
+            return batch
+        return move_to_device(batch, self.device)
+
+    def train_step(self, batch):
+        """The forward pass and the loss; backward and step belong to the optimizer hook."""
+        with self.forward_context():
+            outputs = call_model(self.wrapped_model, batch)
+            if self.loss_fn is not None:
+                outputs = self.loss_fn(outputs, batch)
+        outputs = as_outputs(outputs)
+        for key, value in outputs.items():
+            if key.startswith('loss') and isinstance(value, torch.Tensor):
+                self.meters.update(key, value)
+        return outputs
+
+    def _set_loader_epoch(self, loader, epoch, start_batch=0):
+        sampler = getattr(loader, 'batch_sampler', None)
+        if isinstance(sampler, ResumableBatchSampler):
+            sampler.seed = self.seed
+            sampler.set_epoch(epoch, start_batch)
+            # The loader's own generator (worker base seeds) must not draw from the global
+            # RNG, or where an iterator is created would change the training randomness.
+            if loader.generator is None:
+                loader.generator = torch.Generator()
+            loader.generator.manual_seed(mix_seed(self.seed, epoch, self.rank, 1))
+        elif hasattr(getattr(loader, 'sampler', None), 'set_epoch'):
+            loader.sampler.set_epoch(epoch)
+
+    # -- validation ------------------------------------------------------------------------
+    def val(self):
+        """Run the validation loop once; returns (and stores in ``trainer.metrics``) the metrics.
+
+        Validation has its own counter, ``trainer.val_iter``; the training counters are
+        untouched, so validation can run in the middle of an epoch.
+        """
+        if self.val_dataloader is None:
+            raise ConfigError('val() needs a val_dataloader')
+        self.resolve_hooks()
+        was_training = self.wrapped_model.training
+        self.mode = 'val'
+        self.wrapped_model.eval()
+        self._set_loader_epoch(self.val_dataloader, 0)
+        if self.val_evaluator is not None:
+            self.val_evaluator.reset()
+        self.call_hook('before_val_epoch')
+        before_iter, after_iter = self._dispatch['before_val_iter'], self._dispatch['after_val_iter']
+        with torch.no_grad():
+            for self.val_iter, batch in enumerate(self.val_dataloader):
+                self.data_batch = batch = self.to_device(batch)
+                for method in before_iter:
+                    method(self)
+                with self.val_forward_context():
+                    self.val_outputs = call_model(self.wrapped_model, batch)
+                if self.val_evaluator is not None:
+                    self.val_evaluator.update(self.val_outputs, batch)
+                for method in after_iter:
+                    method(self)
+        self.metrics = dict(self.val_evaluator.compute()) if self.val_evaluator is not None else {}
+        self.call_hook('after_val_epoch')
+        self.wrapped_model.train(was_training)
+        self.mode = 'train'
+        return self.metrics
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpoint_position(self):
+        """``(epoch, iter, inner_iter)`` of the next iteration to run, at any stage."""
+        if self._stage == 'after_train_iter':
+            return self.epoch, self.iter + 1, self.inner_iter + 1
+        if self._stage == 'after_train_epoch':
+            return self.epoch + 1, self.iter, 0
+        return self.epoch, self.iter, self.inner_iter
+
+    def state_dict(self, save_optimizer=True):
+        """Everything exact resume needs, as tensors and plain containers."""
+        epoch, it, inner_iter = self.checkpoint_position()
+        checkpoint = {
+            'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
+                     'hookloop_version': __version__, 'torch_version': torch.__version__,
+                     'world_size': self.world_size, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
+                     'config': plain(self.cfg) if self.cfg is not None else None},
+            'state_dict': self.model.state_dict(),
+            'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
+            'rng': get_rng_state(),
+        }
+        if save_optimizer and self.optimizer is not None:
+            checkpoint['optimizer'] = self.optimizer.state_dict()
+        return checkpoint
+
+    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
+        """Write a checkpoint atomically to ``path`` (absolute, or relative to the work dir)
+        and, with ``update_last``, move the ``last_checkpoint`` pointer to it."""
+        path = os.path.join(self.work_dir, path)
+        checkpoint = self.state_dict(save_optimizer)
+        self.resolve_hooks()
+        self.call_hook('before_save_checkpoint', checkpoint)
+        if self.rank == 0:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save_checkpoint(checkpoint, path)
+            if update_last:
+                update_pointer(self.work_dir, path)
+        return path
+
+    def _resume_if_asked(self):
+        path = self.resume_from
+        if path == 'auto' or (path is None and self.auto_resume):
+            path = read_pointer(self.work_dir)
+            if path is None:
+                self.logger.info('no last_checkpoint in %s: starting a new run', self.work_dir)
+                return
+        if path is not None:
+            self.resume(path)
+
+    def resume(self, path):
+        """Restore model, optimizer, counters, hook states and RNG from a checkpoint."""
+        checkpoint = load_checkpoint(path, map_location=self.device)
+        for key in ('meta', 'state_dict'):
+            if key not in checkpoint:
+                raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
+        self.model.load_state_dict(checkpoint['state_dict'])
+        if 'optimizer' in checkpoint and self.optimizer is not None:
+            self.optimizer.load_state_dict(checkpoint['optimizer'])
+        meta = checkpoint['meta']
+        self.epoch, self.iter, self.inner_iter = meta['epoch'], meta['iter'], meta['inner_iter']
+        self.seed = meta.get('seed', self.seed)
+        saved_states = checkpoint.get('hooks', {})
+        for hook in self.hooks:
+            if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
+                hook.load_state_dict(saved_states[hook.name])
+        if 'rng' in checkpoint:
+            set_rng_state(checkpoint['rng'])
+        self.call_hook('after_load_checkpoint', checkpoint)
+        self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
+                         self.inner_iter)
+        return checkpoint
+
+    def load_weights(self, path, strict=True):
+        """Initialise the model from a checkpoint's weights only (a fresh schedule)."""
+        checkpoint = load_checkpoint(path, map_location=self.device)
+        state = checkpoint.get('state_dict', checkpoint)
+        try:
+            self.model.load_state_dict(state, strict=strict)
+        except RuntimeError as exc:
+            raise CheckpointError(f'weights in {path!r} do not fit the model: {str(exc).splitlines()[0]}') from None
+        self.logger.info('loaded weights from %s', path)
+
+    def close(self):
+        """Release the log files (the trainer cannot log afterwards)."""
+        close_logger(self.logger)
+
+
+def _accepts(target, argument):
+    import inspect
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return argument in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def build_trainer(name='default', default_args=None):
+    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``."""
+    return TRAINERS.build(dict(type=name, **(default_args or {})))
+
+
+__all__ = ['Trainer', 'build_trainer', 'STAGES']
