@@ -8,7 +8,7 @@ import sys
 from .errors import HookloopError
 
 
-def build_from_config(path, cfg_options=None, work_dir=None, resume=None):
+def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **overrides):
     """The trainer a config file describes, after overrides."""
     from .config import load_config, parse_options, set_dotted
     from .trainer import build_trainer
@@ -19,13 +19,15 @@ def build_from_config(path, cfg_options=None, work_dir=None, resume=None):
         cfg['work_dir'] = work_dir
     if resume is not None:
         cfg['resume_from'] = resume
+    cfg.update(overrides)
     name = cfg.pop('trainer', 'default')
     cfg['cfg'] = dict(cfg)
     return build_trainer(name, default_args=cfg)
 
 
 def _train(args):
-    trainer = build_from_config(args.config, args.cfg_options, args.work_dir, args.resume)
+    extra = {'profile_hooks': True} if args.profile_hooks else {}
+    trainer = build_from_config(args.config, args.cfg_options, args.work_dir, args.resume, **extra)
     try:
         trainer.train()
     finally:
@@ -52,6 +54,8 @@ def make_parser():
                        help='override config values, e.g. optimizer.lr=0.01 (values read as Python literals)')
     train.add_argument('--resume', metavar='auto|PATH',
                        help="continue exactly from a checkpoint; 'auto' uses <work_dir>/last_checkpoint")
+    train.add_argument('--profile-hooks', action='store_true',
+                       help='time every hook at every stage and report the table at the end')
     train.add_argument('--debug', action='store_true', default=argparse.SUPPRESS)
     train.set_defaults(run=_train)
 
@@ -60,7 +64,19 @@ def make_parser():
     hooks.add_argument('--cfg-options', nargs='+', metavar='KEY=VALUE', default=[])
     hooks.add_argument('--debug', action='store_true', default=argparse.SUPPRESS)
     hooks.set_defaults(run=_hooks)
+
+    for module in _command_modules():
+        module.register(commands)
     return parser
+
+
+def _command_modules():
+    import importlib
+    import pkgutil
+
+    from . import commands
+    return [importlib.import_module(f'{commands.__name__}.{info.name}')
+            for info in pkgutil.iter_modules(commands.__path__)]
 
 
 def main(argv=None):

@@ -25,3 +25,17 @@ def broadcast_object(obj, src=0):
     box = [obj]
     torch_dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def init_distributed(launcher='auto', backend=None, timeout=1800, device=None):
+    """Join the process group torchrun describes; ``(rank, world_size)``.
+
+    ``launcher='auto'`` joins when the torchrun environment (``WORLD_SIZE`` > 1) is
+    present; ``'none'`` always runs single-process. (The distributed issue fills this in.)
+    """
+    return get_rank(), get_world_size()
+
+
+def wrap_model(model, strategy=None, device=None, find_unused_parameters=False):
+    """The model the training step calls: ``model`` itself when not distributed."""
+    return model

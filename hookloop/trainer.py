@@ -18,7 +18,7 @@ from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpoint import get_rng_state, load_checkpoint, read_pointer, save_checkpoint, set_rng_state, update_pointer
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
-from .dist import broadcast_object, get_rank, get_world_size
+from .dist import broadcast_object, init_distributed, wrap_model
 from .errors import CheckpointError, ConfigError, DataError
 from .evaluation import build_evaluator
 from .hooks.base import STAGES, Hook
@@ -83,7 +83,8 @@ class Trainer:
                  loss_fn=None, lr_config=None, optimizer_config=None, checkpoint_config=None, log_config=None,
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
-                 log_level='INFO'):
+                 log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
+                 find_unused_parameters=False, profile_hooks=False):
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -105,7 +106,7 @@ class Trainer:
         self.cfg = cfg
         self.loss_fn = loss_fn
 
-        self.rank, self.world_size = get_rank(), get_world_size()
+        self.rank, self.world_size = init_distributed(launcher, dist_backend, dist_timeout, device)
         self.work_dir = self._make_work_dir(work_dir)
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
@@ -119,7 +120,11 @@ class Trainer:
         self.device = torch.device(device) if device is not None else \
             torch.device('cuda' if torch.cuda.is_available() else 'cpu')
         self.model = build_model(model).to(self.device)
-        self.wrapped_model = self.model  # the model the step calls (DDP/FSDP wrap it)
+        # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
+        # need parameters or weights use ``trainer.model``.
+        self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
+        self.profile_hooks = profile_hooks
+        self.hook_timings = {}  # (hook name, stage) -> [seconds, calls], with profile_hooks
         self.optimizer = build_optimizer(optimizer, self.model)
         self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
         self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
@@ -319,13 +324,31 @@ class Trainer:
         if self._dispatch is None:
             self._add_default_hooks()
             self._stage_hooks = stage_table(self.hooks)
-            self._dispatch = {stage: [getattr(h, stage) for h in hooks] for stage, hooks in self._stage_hooks.items()}
+            self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
+                                      for h in hooks]
+                              for stage, hooks in self._stage_hooks.items()}
         return self._stage_hooks
+
+    def _timed(self, hook, stage):
+        """``hook``'s ``stage`` method, adding its run time to ``hook_timings``."""
+        method, timing = getattr(hook, stage), self.hook_timings.setdefault((hook.name, stage), [0.0, 0])
+        clock = time.perf_counter
+
+        def timed(*args):
+            start = clock()
+            try:
+                return method(*args)
+            finally:
+                timing[0] += clock() - start
+                timing[1] += 1
+        timed.__self__ = hook
+        return timed
 
     def hook_order_table(self):
         """The per-stage run order, as printed at the start of a run."""
+        table = self.resolve_hooks()
         priorities = {id(hook): value for value, _, hook in self._hook_entries}
-        return format_stage_table(self.resolve_hooks(), lambda hook: priorities[id(hook)])
+        return format_stage_table(table, lambda hook: priorities[id(hook)])
 
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""

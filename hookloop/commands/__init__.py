@@ -1,0 +1,2 @@
+"""Extra CLI sub-commands: each module here defines ``register(subparsers)``, which adds
+its parser and sets ``run=function(args) -> exit code``. ``hookloop.cli`` loads them all."""

@@ -1,0 +1,38 @@
+"""Shared test helpers: small deterministic data and models."""
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def regression_data(n=40, features=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=generator)
+    y = x @ torch.arange(1.0, features + 1) + 0.1 * torch.randn(n, generator=generator)
+    return TensorDataset(x, y.unsqueeze(1))
+
+
+class Regressor(nn.Module):
+    """``model(x, y)`` -> mean squared error; ``model(x)`` -> predictions."""
+
+    def __init__(self, features=4, hidden=8):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+
+    def forward(self, x, y=None):
+        prediction = self.net(x)
+        if y is None:
+            return prediction
+        return nn.functional.mse_loss(prediction, y)
+
+
+@pytest.fixture
+def dataset():
+    return regression_data()
+
+
+@pytest.fixture
+def make_loader(dataset):
+    def make(batch_size=8, shuffle=False, **kwargs):
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, **kwargs)
+    return make
