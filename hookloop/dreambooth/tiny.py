@@ -22,7 +22,7 @@ WEIGHTS_NAME = 'tiny_diffusion.safetensors'
 
 
 class TinyTextEncoder(nn.Module):
-    """Words -> ids by a stable hash; a prompt's embedding is the mean of its words'
+    """Words -> ids by a stable hash; a prompt's embedding is the sum of its words'
     embeddings. The table is drawn from ``seed`` and never trained."""
 
     def __init__(self, vocab_size=256, dim=16, seed=0):
@@ -39,7 +39,7 @@ class TinyTextEncoder(nn.Module):
 
     def forward(self, prompt):
         ids = self.token_ids(prompt).to(self.embedding.weight.device)
-        return self.embedding(ids).mean(dim=0)
+        return self.embedding(ids).sum(dim=0)
 
 
 def timestep_embedding(timesteps, dim, num_steps):
