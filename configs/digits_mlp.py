@@ -1,12 +1,12 @@
 # Trains a small MLP on scikit-learn's bundled digits on the CPU in a few seconds
 # (about 97% validation accuracy).  hookloop train configs/digits_mlp.py
 custom_imports = ['hookloop.examples.digits']
-model = dict(type='DigitsMLP', hidden=64)
+model = dict(type='DigitsMLP', hidden=128)
 train_dataloader = dict(dataset=dict(type='DigitsDataset', split='train'), batch_size=32, shuffle=True)
 val_dataloader = dict(dataset=dict(type='DigitsDataset', split='val'), batch_size=256)
 val_evaluator = dict(type='Accuracy')
-optimizer = dict(type='AdamW', lr=3e-3)
-max_epochs = 10
+optimizer = dict(type='AdamW', lr=2e-3)
+max_epochs = 15
 seed = 0
 device = 'cpu'
 optimizer_config = dict()
