@@ -292,9 +292,11 @@ class OneCycleLrUpdaterHook(LrUpdaterHook):
                 raise ConfigError(f'{owner}: total_steps is not given and the run has no max_iters to infer it '
                                   'from; set total_steps')
             self.cycle_steps = trainer.max_iters
-        elif self.total_steps < trainer.max_iters:
+        elif trainer.max_iters and self.total_steps < trainer.max_iters:
             raise ConfigError(f'{owner}: total_steps={self.total_steps} is less than the run\'s '
                               f'max_iters={trainer.max_iters}')
+        else:
+            self.cycle_steps = self.total_steps
         ends = schedules.one_cycle_phases(self.cycle_steps, self.pct_start, self.three_phase)
         starts = [0] + ends[:-1]
         # a phase of zero length would divide by zero when reached (MMCV crashes there)

@@ -8,6 +8,7 @@ MMCV 1.x timing, which both updaters keep:
   * ``by_epoch=False``: everything happens in ``before_train_iter``.
 The regular value is a pure function of (epoch or iteration, max), so resuming needs no state.
 """
+import inspect
 import numbers
 
 from ..errors import ConfigError
@@ -127,6 +128,23 @@ class ParamScheduleHook(Hook):
         self.warmup_total = warmup_iters  # in iterations; set in before_run
         self.base_values = []
         self.regular_values = []
+
+    def __init_subclass__(cls, **kwargs):
+        # A policy's __init__ takes its own arguments and passes **kwargs to the base: publish
+        # the combined signature so config checks name a misspelt argument and suggest the
+        # right one (the registry reads it), instead of a bare TypeError from the base.
+        super().__init_subclass__(**kwargs)
+        own = inspect.signature(cls.__init__).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in own):
+            return
+        params = [p for p in own if p.name != 'self' and p.kind is not p.VAR_KEYWORD]
+        names = {p.name for p in params}
+        for base in cls.__mro__[1:]:
+            if '__init__' in vars(base):
+                params += [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(base.__init__).parameters.values()
+                           if p.name != 'self' and p.name not in names and p.kind is not p.VAR_KEYWORD]
+                break
+        cls.__signature__ = inspect.Signature(params)
 
     # -- what subclasses provide ------------------------------------------------------------
     def get_value(self, trainer, base):
