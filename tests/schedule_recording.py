@@ -2,8 +2,12 @@
 records the learning rate and momentum each iteration actually uses."""
 import torch
 
-from hookloop import Hook, Priority, Trainer
+from hookloop import DATASETS, MODELS, Hook, Priority, Trainer
 from conftest import Regressor, regression_data
+
+# For configs in files (plot-lr): ``custom_imports = ['schedule_recording']`` registers these.
+MODELS.register_module(module=Regressor, module_name='ScheduleTestRegressor', force=True)
+DATASETS.register_module(module=regression_data, module_name='ScheduleTestData', force=True)
 
 ITERS_PER_EPOCH = 5  # 40 samples, batch 8
 LRS = (0.01, 0.002)  # the two groups' initial learning rates
