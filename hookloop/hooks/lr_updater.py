@@ -27,7 +27,6 @@ class LrUpdaterHook(ParamScheduleHook):
     PRIORITY = Priority.VERY_HIGH
     ROLE = 'lr'
     WARMUP_RATIO = 0.1
-    VALUE_NAME = 'lr'
 
     def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=0.1, warmup_by_epoch=False):
         super().__init__(by_epoch, warmup, warmup_iters, warmup_ratio, warmup_by_epoch)

@@ -31,7 +31,6 @@ class MomentumUpdaterHook(ParamScheduleHook):
     PRIORITY = Priority.HIGH
     ROLE = 'momentum'
     WARMUP_RATIO = 0.9
-    VALUE_NAME = 'momentum'
 
     def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=0.9, warmup_by_epoch=False):
         super().__init__(by_epoch, warmup, warmup_iters, warmup_ratio, warmup_by_epoch)

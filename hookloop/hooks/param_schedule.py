@@ -103,7 +103,6 @@ class ParamScheduleHook(Hook):
     """
 
     WARMUP_RATIO = 0.1
-    VALUE_NAME = 'value'
     BY_ITER_ONLY = False  # Cyclic and OneCycle advance per iteration only
 
     def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=None, warmup_by_epoch=False):
