@@ -24,6 +24,8 @@ def check_number(owner, name, value, low=None, high=None, low_open=False, high_o
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and (value >= high if high_open else value > high)
     if too_low or too_high:
+        if low == 0 and low_open and high is None:
+            raise ConfigError(f'{owner}: {name} must be positive, got {value!r}')
         left = '(' if low_open else '['
         right = ')' if high_open else ']'
         raise ConfigError(f'{owner}: {name} must be in {left}{"-inf" if low is None else low}, '
