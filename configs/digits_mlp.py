@@ -10,6 +10,7 @@ max_epochs = 15
 seed = 0
 device = 'cpu'
 optimizer_config = dict()
+lr_config = dict(policy='CosineAnnealing', min_lr=0, warmup='linear', warmup_iters=50)
 checkpoint_config = dict(interval=5)
 log_config = dict(interval=20, hooks=[dict(type='TextLoggerHook')])
 evaluation = dict(interval=1)
