@@ -3,8 +3,10 @@ from .base import STAGES, Hook
 from .checkpoint import CheckpointHook
 from .evaluation import EvaluationHook
 from .loggers import TextLoggerHook
+from . import lr_updater, momentum_updater  # noqa: F401  (register <Policy>LrUpdaterHook, <Policy>MomentumUpdaterHook)
 from .optimizer import OptimizerHook, OptimizerProcessor
 from .timer import IterTimerHook
+from .torch_scheduler import TorchSchedulerHook
 
 __all__ = ['Hook', 'STAGES', 'CheckpointHook', 'EvaluationHook', 'IterTimerHook', 'OptimizerHook',
-           'OptimizerProcessor', 'TextLoggerHook']
+           'OptimizerProcessor', 'TextLoggerHook', 'TorchSchedulerHook']
