@@ -10,7 +10,8 @@ class PriorPreservationLoss:
     first half of the batch are instance samples and the second half class samples
     (see :func:`~hookloop.dreambooth.dataset.collate_dreambooth`). Returns ``loss``
     (what is back-propagated), ``loss_instance`` and, with prior preservation,
-    ``loss_prior`` (both logged). The MSE is taken in float32 also under autocast.
+    ``loss_prior`` (both logged), next to the model's own outputs. The MSE is taken in
+    float32 also under autocast.
     """
 
     def __init__(self, prior_loss_weight=1.0, with_prior_preservation=False):
@@ -21,10 +22,10 @@ class PriorPreservationLoss:
         prediction, target = outputs['model_pred'].float(), outputs['target'].float()
         if not self.with_prior_preservation:
             loss = F.mse_loss(prediction, target)
-            return {'loss': loss, 'loss_instance': loss.detach()}
+            return {**outputs, 'loss': loss, 'loss_instance': loss.detach()}
         prediction, prior_prediction = prediction.chunk(2)
         target, prior_target = target.chunk(2)
         loss_instance = F.mse_loss(prediction, target)
         loss_prior = F.mse_loss(prior_prediction, prior_target)
-        return {'loss': loss_instance + self.prior_loss_weight * loss_prior,
+        return {**outputs, 'loss': loss_instance + self.prior_loss_weight * loss_prior,
                 'loss_instance': loss_instance.detach(), 'loss_prior': loss_prior.detach()}
