@@ -174,11 +174,14 @@ def test_forward_runs_inside_the_trainers_forward_context(tmp_path, pretrained):
 
     class Record(Hook):
         def after_train_iter(self, trainer):
-            seen.append((trainer.outputs['model_pred'].dtype, trainer.outputs['loss'].dtype,
-                         bool(torch.isfinite(trainer.outputs['loss']))))
+            seen.append((trainer.outputs['loss'].dtype, bool(torch.isfinite(trainer.outputs['loss']))))
 
-    train(dreambooth(tmp_path, pretrained, max_iters=2, custom_hooks=[Autocast(), Record()]))
-    assert seen == [(torch.bfloat16, torch.float32, True)] * 2  # loss in float32 under autocast
+    trainer = dreambooth(tmp_path, pretrained, max_iters=2, custom_hooks=[Autocast(), Record()])
+    mlp_dtypes = []
+    trainer.model.denoiser.register_forward_hook(lambda module, args, out: mlp_dtypes.append(out.dtype))
+    train(trainer)
+    assert mlp_dtypes == [torch.bfloat16] * 2  # the denoiser ran under the hook's autocast
+    assert seen == [(torch.float32, True)] * 2  # and the loss was taken in float32
 
 
 # -- bad input: clear errors before any generation or training ------------------------------
