@@ -178,7 +178,8 @@ def test_forward_runs_inside_the_trainers_forward_context(tmp_path, pretrained):
 
     trainer = dreambooth(tmp_path, pretrained, max_iters=2, custom_hooks=[Autocast(), Record()])
     mlp_dtypes = []
-    trainer.model.denoiser.register_forward_hook(lambda module, args, out: mlp_dtypes.append(out.dtype))
+    trainer.model.denoiser.register_forward_hook(  # training steps only, not class-sample generation
+        lambda module, args, out: mlp_dtypes.append(out.dtype) if module.training else None)
     train(trainer)
     assert mlp_dtypes == [torch.bfloat16] * 2  # the denoiser ran under the hook's autocast
     assert seen == [(torch.float32, True)] * 2  # and the loss was taken in float32
