@@ -51,7 +51,7 @@ def save_random_pipeline(directory, resolution=16, vae_channels=(32, 64), unet_c
         up_block_types=['CrossAttnUpBlock2D'] * (levels - 1) + ['UpBlock2D'],
         cross_attention_dim=text_dim, attention_head_dim=8)
     scheduler = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012,
-                              beta_schedule='scaled_linear', clip_sample=False)
+                              beta_schedule='scaled_linear', clip_sample=False, steps_offset=1)
     pipe = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
                                    scheduler=scheduler, safety_checker=None, feature_extractor=None,
                                    requires_safety_checker=False)
