@@ -9,6 +9,7 @@ from .hooks import Hook  # noqa: E402
 from .priority import Priority, get_priority  # noqa: E402
 from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIMIZERS, TRAINERS, Registry  # noqa: E402
 from .trainer import Trainer, build_trainer  # noqa: E402
+from . import dreambooth  # noqa: E402,F401  (registers the dreambooth_diffusion trainer)
 
 __all__ = ['__version__', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_priority', 'Registry', 'HOOKS',
            'TRAINERS', 'OPTIMIZERS', 'MODELS', 'DATASETS', 'METRICS', 'Config', 'load_config', 'Accuracy',
