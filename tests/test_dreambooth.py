@@ -121,6 +121,7 @@ def test_language_drift_is_prevented_by_prior_preservation(tmp_path, pretrained)
         trainer = train(dreambooth(tmp_path / str(weight), pretrained, prior_loss_weight=weight,
                                    num_class_images=16, max_iters=300))
         results[weight] = {prompt: mean_distances(trainer.model, prompt) for prompt in ('a dog', 'a sks dog')}
+    print('mean-sample distances to the dog / subject patterns:', results)  # quoted in docs/dreambooth.md
     kept, drifted = results[1.0]['a dog'], results[0.0]['a dog']
     assert kept['dog'] < kept['subject'] - 1.0, results
     assert drifted['subject'] < drifted['dog'] - 1.0, results
@@ -232,3 +233,12 @@ def test_unknown_and_forbidden_arguments_are_refused(tmp_path, pretrained):
     expect_error(tmp_path, "unexpected argument 'max_iter'.*'max_iters'", model=pretrained, max_iter=3)
     expect_error(tmp_path, 'do not pass loss_fn', model=pretrained, loss_fn=lambda o, b: o)
     expect_error(tmp_path, 'builds its own dataset', model=pretrained, train_dataloader=dict(dataset=[1]))
+
+
+def test_the_example_config_builds_and_trains(tmp_path):
+    from hookloop.cli import build_from_config
+    config = os.path.join(os.path.dirname(__file__), '..', 'configs', 'dreambooth_tiny.py')
+    trainer = build_from_config(config, ['model.steps=20', 'max_iters=2', 'num_class_images=2'],
+                                work_dir=str(tmp_path))
+    train(trainer)
+    assert os.path.isfile(tmp_path / 'pipeline' / 'tiny_diffusion.safetensors')
