@@ -74,8 +74,9 @@ def run(pretrained, precision, args, work):
     image = pipe('a photo of sks dog', num_inference_steps=2, height=args.resolution, width=args.resolution,
                  output_type='np').images
     timed = timer.times[5:] or timer.times
+    on_cuda = args.device.startswith('cuda')
     return dict(precision=precision, step_ms=round(1000 * statistics.median(timed), 2),
-                peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20) if args.device.startswith('cuda') else None,
+                peak_mib=round(torch.cuda.max_memory_allocated() / 2 ** 20) if on_cuda else None,
                 first_loss=timer.losses[0], last_loss=timer.losses[-1], generated=list(image.shape))
 
 

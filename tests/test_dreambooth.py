@@ -242,3 +242,16 @@ def test_the_example_config_builds_and_trains(tmp_path):
                                 work_dir=str(tmp_path))
     train(trainer)
     assert os.path.isfile(tmp_path / 'pipeline' / 'tiny_diffusion.safetensors')
+
+
+def test_instance_images_from_a_directory_are_read_as_grey_8x8(tmp_path, pretrained):
+    from hookloop.dreambooth.dataset import tensor_to_image
+    os.makedirs(tmp_path / 'subject')
+    for i, sample in enumerate(ToySubjectSamples(3)):
+        tensor_to_image(sample).resize((12, 8)).save(tmp_path / 'subject' / f'{i}.png')  # wider: cropped
+    trainer = dreambooth(tmp_path / 'w', pretrained, instance_data=None, instance_data_dir=str(tmp_path / 'subject'),
+                         max_iters=1)
+    train(trainer)
+    item = trainer.dreambooth_dataset[0]
+    assert item['instance'].shape == (1, 8, 8) and -1 <= item['instance'].min() <= item['instance'].max() <= 1
+    assert torch.isfinite(trainer.outputs['loss'])

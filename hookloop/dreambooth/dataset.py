@@ -84,6 +84,9 @@ class DreamBoothDataset(Dataset):
         """List the class samples now present (the trainer calls this after generating)."""
         if self.class_data_dir is None:
             return
+        if not os.path.isdir(self.class_data_dir):
+            raise ConfigError(f'class_data_dir {self.class_data_dir!r} does not exist yet: the trainer generates '
+                              'the class samples when train() starts (or call generate_class_images())')
         found = list_samples(self.class_data_dir)[:self.num_class_images]
         if len(found) < self.num_class_images:
             raise ConfigError(f'class_data_dir {self.class_data_dir!r} holds {len(found)} samples, '

@@ -143,9 +143,11 @@ class DreamBoothDiffusionTrainer(Trainer):
                                   f'got {num_class_images!r}')
         if isinstance(prior_loss_weight, bool) or not isinstance(prior_loss_weight, (int, float)) or \
                 not prior_loss_weight >= 0:
-            raise ConfigError(f'dreambooth_diffusion prior_loss_weight must be a number >= 0, got {prior_loss_weight!r}')
+            raise ConfigError(f'dreambooth_diffusion prior_loss_weight must be a number >= 0, '
+                              f'got {prior_loss_weight!r}')
         if isinstance(sample_batch_size, bool) or not isinstance(sample_batch_size, int) or sample_batch_size < 1:
-            raise ConfigError(f'dreambooth_diffusion sample_batch_size must be a positive int, got {sample_batch_size!r}')
+            raise ConfigError(f'dreambooth_diffusion sample_batch_size must be a positive int, '
+                              f'got {sample_batch_size!r}')
         model = _model_config(model)
         _check_resolution(resolution, _static_scale_factor(model))
 
