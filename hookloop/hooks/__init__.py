@@ -2,9 +2,12 @@
 from .base import STAGES, Hook
 from .checkpoint import CheckpointHook
 from .evaluation import EvaluationHook
-from .loggers import TextLoggerHook
+from .loggers import (DvcliveLoggerHook, LoggerHook, MlflowLoggerHook, NeptuneLoggerHook, TensorboardLoggerHook,
+                      TextLoggerHook, WandbLoggerHook)
 from .optimizer import OptimizerHook, OptimizerProcessor
+from .progress import ProgressBarHook
 from .timer import IterTimerHook
 
 __all__ = ['Hook', 'STAGES', 'CheckpointHook', 'EvaluationHook', 'IterTimerHook', 'OptimizerHook',
-           'OptimizerProcessor', 'TextLoggerHook']
+           'OptimizerProcessor', 'TextLoggerHook', 'LoggerHook', 'TensorboardLoggerHook', 'MlflowLoggerHook',
+           'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'ProgressBarHook']
