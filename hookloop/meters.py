@@ -121,19 +121,23 @@ class MeterBuffer:
 def _average_across_ranks(result):
     """Mean of every ``avg`` and ``latest`` over the ranks: one all-reduce of one tensor.
 
-    The keys are sorted so every rank packs them in the same order; a key missing on
-    some rank would misalign the packing, so the key count travels along and is checked.
+    The keys are sorted so every rank packs them in the same order. A checksum of the key
+    names travels along, so ranks that log different keys of the same count fail loudly
+    instead of mixing metrics (different counts make the collective itself fail).
     """
+    import zlib
+
     import torch.distributed as dist
     keys = sorted(result)
     device = torch.device('cuda', torch.cuda.current_device()) \
         if dist.get_backend() == 'nccl' else torch.device('cpu')
-    packed = torch.tensor([float(len(keys))] + [result[k][f] for k in keys for f in ('avg', 'latest')],
+    checksum = float(zlib.crc32('\0'.join(keys).encode()))
+    packed = torch.tensor([checksum] + [result[k][f] for k in keys for f in ('avg', 'latest')],
                           dtype=torch.float64, device=device)
     dist.all_reduce(packed)
     numbers = packed.tolist()
     world = get_world_size()
-    if numbers[0] != len(keys) * world:
+    if numbers[0] != checksum * world:
         raise RuntimeError(f'meters differ across ranks (this rank has {keys}); every rank must log '
                            'the same keys at the same iterations')
     return {k: {'avg': numbers[1 + 2 * n] / world, 'latest': numbers[2 + 2 * n] / world,
