@@ -96,9 +96,11 @@ class TextLoggerHook(LoggerHook):
         if 'lr' in record:
             parts.append(f'lr: {record["lr"]:.3e}')
         parts.append(f'eta: {datetime.timedelta(seconds=int(self.eta_seconds(trainer, record)))}')
-        for key in ('time', 'data_time', 'memory'):
+        for key in ('time', 'data_time'):
             if key in record:
-                parts.append(f'{key}: {_fmt(record[key], 3)}')
+                parts.append(f'{key}: {record[key]:.3f}')
+        if 'memory' in record:
+            parts.append(f'memory: {record["memory"]}')
         skip = {'mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'}
         parts += [f'{k}: {_fmt(v)}' for k, v in record.items() if k not in skip]
         return f'{head}\t' + ', '.join(parts)
@@ -117,7 +119,7 @@ class TextLoggerHook(LoggerHook):
         trainer.logger.info('copied the logs to %s', target)
 
 
-def _fmt(value, digits=4):
+def _fmt(value):
     if isinstance(value, float):
-        return f'{value:.{digits}f}' if abs(value) >= 1e-3 or value == 0 else f'{value:.3e}'
+        return f'{value:.4f}' if abs(value) >= 1e-3 or value == 0 else f'{value:.3e}'
     return str(value)
