@@ -14,7 +14,10 @@ class WandbLoggerHook(LoggerHook):
     Args:
         init_kwargs: passed to ``wandb.init`` (``project``, ``name``, ``mode``, ``dir``, ...);
             ``dir`` defaults to the work dir, ``config`` to the trainer's config.
-        commit: passed to ``wandb.log``; False leaves each step open for other callers.
+        commit: accepted for MMCV configs. Rows are always sent with an explicit step and
+            ``commit=False``: wandb commits a row when a later step arrives or at finish, so
+            validation results of step N join training step N's row (wandb would drop
+            values sent to an already committed step).
         log_artifact: at the end, upload the work dir's ``out_suffix`` files as an artifact.
         out_suffix: the suffixes of the files ``log_artifact`` takes.
         interval, ignore_last, by_epoch: see :class:`LoggerHook`.
@@ -38,7 +41,9 @@ class WandbLoggerHook(LoggerHook):
 
     def log(self, trainer, record):
         metrics = {f'{record["mode"]}/{k}': v for k, v in self.metrics_of(record).items()}
-        self.run.log(metrics, step=record['iter'], commit=self.commit)
+        # commit=False: the row of this step stays open for validation results at the same
+        # step; wandb commits it when a later step arrives (or at finish).
+        self.run.log(metrics, step=record['iter'], commit=False)
 
     def close(self, trainer):
         try:
