@@ -9,7 +9,8 @@ from hookloop import Trainer
 from conftest import Regressor, regression_data
 
 
-def make_trainer(work_dir, hooks, interval=5, max_epochs=2, batch_size=4, val=False, cfg=None, **kwargs):
+def make_trainer(work_dir, hooks, interval=5, max_epochs=2, batch_size=4, val=False, cfg=None, device='cpu',
+                 **kwargs):
     """40 samples / batch 4 = 10 iterations per epoch, SGD, a fixed seed."""
     torch.manual_seed(0)
     data = regression_data()
@@ -20,7 +21,7 @@ def make_trainer(work_dir, hooks, interval=5, max_epochs=2, batch_size=4, val=Fa
                      val_evaluator=lambda loss, batch: {'mse': loss})  # model(x, y) is the MSE
     extra.update(kwargs)
     return Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05, momentum=0.9), train_dataloader=loader,
-                   max_epochs=max_epochs, work_dir=work_dir, seed=0, device='cpu', cfg=cfg,
+                   max_epochs=max_epochs, work_dir=work_dir, seed=0, device=device, cfg=cfg,
                    log_config=dict(interval=interval, hooks=hooks), **extra)
 
 

@@ -49,3 +49,26 @@ def test_host_reads_scale_with_log_events_not_iterations(tmp_path, host_reads, h
     long, long_detail = train_and_count(tmp_path / 'b', host_reads, 6, hooks)
     assert short <= 2 * 2, short_detail  # at most two reads per log event (one summary copy each)
     assert long - short <= 2 * 2, (short_detail, long_detail)  # 120 more iterations, 2 more log events
+
+
+@pytest.mark.cuda
+def test_cuda_syncs_scale_with_log_events(tmp_path):
+    """On a GPU, torch reports every synchronising call in 'warn' sync-debug mode."""
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA GPU')
+    import warnings
+
+    def syncs(max_epochs, work_dir):
+        trainer = make_trainer(work_dir, [dict(type='TextLoggerHook', by_epoch=False)], interval=50,
+                               max_epochs=max_epochs, batch_size=1, device='cuda')
+        torch.cuda.set_sync_debug_mode('warn')
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                run(trainer)
+        finally:
+            torch.cuda.set_sync_debug_mode('default')
+        return sum('synchroniz' in str(w.message) for w in caught)
+
+    short, long = syncs(3, tmp_path / 'a'), syncs(6, tmp_path / 'b')
+    assert long - short <= 2 * 2, (short, long)  # 120 more iterations bring 2 more log events
