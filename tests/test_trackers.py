@@ -185,8 +185,9 @@ def test_neptune_offline_data_holds_series_and_parameters(tmp_path, monkeypatch)
     assert params['optimizer.lr'] == 0.05
 
 
-def test_dvclive_files_hold_series_and_params(tmp_path):
+def test_dvclive_files_hold_series_and_params(tmp_path, monkeypatch):
     needs('dvclive')
+    monkeypatch.chdir(tmp_path)  # dvclive runs `dvc init` in the git repository around the cwd
     import yaml
     trainer = train_with(tmp_path, dict(type='DvcliveLoggerHook', model_file='weights.pt'),
                          checkpoint_config=None)

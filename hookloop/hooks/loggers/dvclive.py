@@ -14,8 +14,12 @@ class DvcliveLoggerHook(LoggerHook):
         model_file: a file (relative to the work dir, or absolute) logged as an artifact at
             the end of the run, e.g. ``'latest.pth'``.
         dvclive: passed to ``dvclive.Live``; ``dir`` defaults to ``<work_dir>/dvclive``,
-            ``save_dvc_exp`` to False (no DVC repository needed).
+            ``save_dvc_exp`` to False (no DVC repository needed), ``dvcyaml`` to
+            ``<dir>/dvc.yaml`` (not the repository root).
         interval, ignore_last, by_epoch: see :class:`LoggerHook`.
+
+    Note: like dvclive itself, this initialises DVC (``.dvc/``) in the git repository that
+    contains the current directory, if there is one and it has no DVC yet.
     """
 
     def __init__(self, model_file=None, dvclive=None, interval=10, ignore_last=True, by_epoch=True):
@@ -30,6 +34,8 @@ class DvcliveLoggerHook(LoggerHook):
         kwargs = dict(self.dvclive_kwargs)
         kwargs.setdefault('dir', os.path.join(trainer.work_dir, 'dvclive'))
         kwargs.setdefault('save_dvc_exp', False)
+        # dvclive writes dvc.yaml at the repository root by default: keep it with the run
+        kwargs.setdefault('dvcyaml', os.path.join(kwargs['dir'], 'dvc.yaml'))
         check_writable_dir(kwargs['dir'], type(self).__name__)
         self.live = Live(**kwargs)
         if trainer.cfg is not None:
