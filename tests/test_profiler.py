@@ -47,3 +47,20 @@ def test_timing_table_is_sorted_and_totalled():
     table = format_timing_table(rows).splitlines()
     assert table[0].split() == ['hook', 'stage', 'calls', 'total', 's', 'mean', 'us', '%']
     assert table[-1].split() == ['total', '11', '0.4000']
+
+
+def test_cli_profile_hooks_flag_writes_the_table(tmp_path):
+    from hookloop.cli import main
+    config = tmp_path / 'tiny.py'
+    config.write_text(
+        "custom_imports = ['hookloop.examples.digits']\n"
+        "model = dict(type='DigitsMLP', hidden=16)\n"
+        "train_dataloader = dict(dataset=dict(type='DigitsDataset', split='train'), batch_size=256)\n"
+        "optimizer = dict(type='SGD', lr=0.1)\n"
+        "max_iters = 6\nseed = 0\ndevice = 'cpu'\n"
+        "log_config = dict(interval=3, hooks=[dict(type='TextLoggerHook', by_epoch=False)])\n")
+    assert main(['train', str(config), '--work-dir', str(tmp_path / 'w'), '--profile-hooks']) == 0
+    rows = json_records(tmp_path / 'w', 'profile')[0]['hooks']
+    calls = {(r['hook'], r['stage']): r['calls'] for r in rows}
+    assert calls[('TextLoggerHook', 'after_train_iter')] == 6
+    assert [r['iter'] for r in json_records(tmp_path / 'w', 'train')] == [3, 6]
