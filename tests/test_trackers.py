@@ -7,6 +7,7 @@ import struct
 import sys
 
 import pytest
+import torch
 
 from hookloop import Hook
 from hookloop.errors import ConfigError
@@ -64,14 +65,15 @@ def mlflow_run(tmp_path_factory):
     work_dir = tmp_path_factory.mktemp('mlflow')
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+        monkeypatch.chdir(work_dir)
         trainer = train_with(work_dir, dict(type='MlflowLoggerHook', exp_name='demo', tags={'team': 'x'},
-                                            params={'note': 'hi'}))
-    return work_dir, next(h for h in trainer.hooks if type(h).__name__ == 'MlflowLoggerHook')
+                                            params={'note': 'hi'}, log_model=True))
+    return work_dir, next(h for h in trainer.hooks if type(h).__name__ == 'MlflowLoggerHook'), trainer.model
 
 
 def test_mlflow_run_matches_json_log_and_holds_config(mlflow_run):
     from mlflow.tracking import MlflowClient
-    work_dir, hook = mlflow_run
+    work_dir, hook, _ = mlflow_run
     assert hook.tracking_uri == f'sqlite:///{work_dir}/mlflow.db'  # the default store
     client = MlflowClient(hook.tracking_uri)
     run_ = client.get_run(hook.run_id)
@@ -84,6 +86,13 @@ def test_mlflow_run_matches_json_log_and_holds_config(mlflow_run):
                                                       key=lambda m: m.step)]
              for key in run_.data.metrics}
     assert_series_equal(found, expected)
+    import mlflow.pytorch
+    logged = client.search_logged_models(experiment_ids=[run_.info.experiment_id])
+    assert len(logged) == 1 and logged[0].artifact_location.startswith((work_dir / 'mlartifacts').as_uri())
+    model = mlflow.pytorch.load_model(logged[0].model_uri)
+    for a, b in zip(model.state_dict().values(), mlflow_run[2].state_dict().values()):
+        assert torch.equal(a, b)
+    assert not (work_dir / 'mlruns').exists()
 
 
 def test_mlflow_honours_tracking_uri_env_and_marks_failed_runs(mlflow_run, tmp_path, monkeypatch):
@@ -143,13 +152,14 @@ def test_wandb_offline_run_holds_history_and_config(tmp_path, monkeypatch):
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_DIR', str(tmp_path / 'wandb_root'))
     monkeypatch.setenv('WANDB_SILENT', 'true')
-    train_with(tmp_path, dict(type='WandbLoggerHook', init_kwargs=dict(project='hookloop-test')))
+    train_with(tmp_path, dict(type='WandbLoggerHook', init_kwargs=dict(project='hookloop-test'), log_artifact=True))
     run_files = glob.glob(str(tmp_path / 'wandb' / 'offline-run-*' / 'run-*.wandb'))
     assert len(run_files) == 1, os.listdir(tmp_path)
-    found = {}
-    config = {}
+    found, config, artifacts = {}, {}, []
     for record in read_wandb_records(run_files[0]):
         kind = record.WhichOneof('record_type')
+        if kind == 'artifact':
+            artifacts.append(record.artifact)
         if kind == 'history':
             step = record.history.step.num
             for item in record.history.item:
@@ -161,6 +171,9 @@ def test_wandb_offline_run_holds_history_and_config(tmp_path, monkeypatch):
             config.update({item.key: json.loads(item.value_json) for item in updates})
     assert_series_equal(found, expected_series(tmp_path))
     assert config['optimizer.lr'] == 0.05
+    assert len(artifacts) == 1 and artifacts[0].type == 'logs'
+    assert sorted(os.path.basename(e.path) for e in artifacts[0].manifest.contents) == \
+        sorted(n for n in os.listdir(tmp_path) if n.endswith(('.log.json', '.log')))
 
 
 def test_neptune_offline_data_holds_series_and_parameters(tmp_path, monkeypatch):

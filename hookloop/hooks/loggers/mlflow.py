@@ -1,5 +1,6 @@
 """MlflowLoggerHook: metrics, params and tags of an MLflow run."""
 import os
+from pathlib import Path
 
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir, flatten, require
@@ -18,7 +19,8 @@ class MlflowLoggerHook(LoggerHook):
     Args:
         exp_name: the experiment (created if missing); default the work dir's name.
         tags, params: extra dicts to record.
-        log_model: at the end, log the model with ``mlflow.pytorch.log_model``.
+        log_model: at the end of a successful run, log the model with ``mlflow.pytorch.log_model``
+            (under ``<work_dir>/mlartifacts`` for an experiment created in a SQLite store).
         tracking_uri: see above.
         interval, ignore_last, by_epoch: see :class:`LoggerHook`.
     """
@@ -39,7 +41,11 @@ class MlflowLoggerHook(LoggerHook):
             uri = f'sqlite:///{os.path.join(trainer.work_dir, "mlflow.db")}'
         self.tracking_uri = uri
         mlflow.set_tracking_uri(uri)
-        mlflow.set_experiment(self.exp_name or os.path.basename(trainer.work_dir))
+        name = self.exp_name or os.path.basename(trainer.work_dir)
+        if uri.startswith('sqlite:') and mlflow.get_experiment_by_name(name) is None:
+            # a local store keeps its artifacts in the work dir too, not in ./mlruns of the cwd
+            mlflow.create_experiment(name, artifact_location=Path(trainer.work_dir, 'mlartifacts').as_uri())
+        mlflow.set_experiment(name)
         run = mlflow.start_run()
         self.run_id = run.info.run_id
         params = flatten(trainer.cfg) if trainer.cfg is not None else {}
@@ -58,6 +64,9 @@ class MlflowLoggerHook(LoggerHook):
         try:
             if self.log_model and trainer.exception is None:
                 import mlflow.pytorch
-                mlflow.pytorch.log_model(trainer.model, name='models')
+                # pip_requirements given: inferring them scans the environment (slow). The
+                # pickle format as in MMCV: mlflow's 'pt2' needs an input example to trace.
+                mlflow.pytorch.log_model(trainer.model, name='models', pip_requirements=['torch'],
+                                         serialization_format='pickle')
         finally:
             self.mlflow.end_run(status='FINISHED' if trainer.exception is None else 'FAILED')
