@@ -96,3 +96,19 @@ def test_bad_interval_is_refused(tmp_path, interval):
 def test_unknown_logger_type_names_the_closest(tmp_path):
     with pytest.raises(ConfigError, match="'TensorBoardLoggerHook' is not registered .*TensorboardLoggerHook"):
         make_trainer(tmp_path, [dict(type='TensorBoardLoggerHook')])
+
+
+def test_resumed_run_continues_steps_and_interval_means(tmp_path):
+    first = make_trainer(tmp_path / 'a', [dict(type='TextLoggerHook', by_epoch=False)], interval=5,
+                         max_epochs=2, checkpoint_config=dict(interval=6, by_epoch=False))
+    first.max_iters = 12  # stop after the checkpoint at 6 and one more log at 10
+    run(first)
+    resumed = make_trainer(tmp_path / 'b', [dict(type='TextLoggerHook', by_epoch=False)], interval=5,
+                           max_epochs=2, resume_from=str(tmp_path / 'a' / 'iter_6.pth'))
+    run(resumed)
+    records = json_records(tmp_path / 'b', 'train')
+    losses = plain_losses()
+    assert [r['iter'] for r in records] == [10, 15, 20]
+    # the first window after resuming holds only the iterations this process ran (7..10)
+    assert records[0]['loss'] == pytest.approx(losses[6:10].mean().item(), rel=1e-6)
+    assert records[1]['loss'] == pytest.approx(losses[10:15].mean().item(), rel=1e-6)
