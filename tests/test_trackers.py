@@ -251,3 +251,14 @@ def test_tensorboard_is_closed_when_training_fails(tmp_path):
     events = EventAccumulator(str(tmp_path / 'tf_logs'))
     events.Reload()
     assert [e.step for e in events.Scalars('train/loss')] == [5, 10]
+
+
+def test_other_ranks_compute_summaries_but_write_nothing(tmp_path):
+    needs('tensorboard')
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook'), dict(type='TensorboardLoggerHook')], interval=5)
+    trainer.rank = 1  # as a second process would be
+    run(trainer)
+    assert not list(tmp_path.glob('*.log.json')) and not (tmp_path / 'tf_logs').exists()
+    # both loggers took the summary at each log event (the collective runs on every rank)
+    marks = [h._mark for h in trainer.hooks if getattr(h, 'ROLE', None) == 'logger']
+    assert len(marks) == 2 and all(m == trainer.meters.mark() and m['loss'] == 20 for m in marks)
