@@ -1,28 +1,55 @@
-"""Meters: where losses, timings and metrics wait for the loggers.
+"""Meters: the values the loggers read (losses, lr, grad_norm, time, memory, ...).
 
 Values are appended as they come: tensors stay on their device, detached, and are
-turned into numbers only by :meth:`MeterBuffer.summary`, called once per log
-interval. That is the single host sync of a log event, however many keys and
-iterations it covers.
+turned into numbers only by :meth:`MeterBuffer.summary`, called on log iterations.
+A summary costs one host copy per device (and, when ``torch.distributed`` is
+initialised, one all-reduce), however many keys and iterations it covers.
+
+Several loggers with different intervals share one buffer: each remembers a
+:meth:`MeterBuffer.mark` and asks for the summary of the values appended since,
+so each averages over its own interval (MMCV's ``log_buffer.average(interval)``).
 """
+from collections import deque
+
 import torch
+
+from .dist import get_world_size, is_distributed
+
+DEFAULT_HISTORY = 1000
 
 
 class MeterBuffer:
-    """Per-key values since the last :meth:`clear`, plus the latest value of each key."""
+    """Per-key recent values and a running count of values ever appended per key.
 
-    def __init__(self):
-        self._values = {}
+    Args:
+        history: how many recent values each key keeps (at least); loggers raise it to
+            their interval with :meth:`reserve`.
+    """
+
+    def __init__(self, history=DEFAULT_HISTORY):
+        self.history = history
+        self._values = {}   # key -> deque of recent values (tensors or numbers)
+        self._totals = {}   # key -> number of values ever appended (drives marks)
+        self._version = 0   # bumped on every change; invalidates the summary cache
+        self._cache = {}
+
+    def reserve(self, n):
+        """Keep at least the last ``n`` values of every key (a logger's interval)."""
+        if n > self.history:
+            self.history = n
+            self._values = {k: deque(v, maxlen=n) for k, v in self._values.items()}
 
     def update(self, key, value):
-        """Add one value (a scalar tensor, kept on its device, or a number)."""
+        """Add one value: a scalar tensor (kept on its device, detached) or a number."""
         if isinstance(value, torch.Tensor):
             value = value.detach()
         values = self._values.get(key)
         if values is None:
-            self._values[key] = [value]
-        else:
-            values.append(value)
+            values = self._values[key] = deque(maxlen=self.history)
+            self._totals[key] = 0
+        values.append(value)
+        self._totals[key] += 1
+        self._version += 1
 
     def update_dict(self, values):
         for key, value in values.items():
@@ -35,30 +62,83 @@ class MeterBuffer:
         return list(self._values)
 
     def clear(self):
-        self._values = {}
+        """Forget all values (marks taken before still work: they see nothing new)."""
+        for values in self._values.values():
+            values.clear()
+        self._version += 1
+        self._cache = {}
 
-    def summary(self):
-        """``{key: {'avg': mean over the interval, 'latest': last value, 'count': n}}``.
+    def mark(self):
+        """A position: pass it to :meth:`summary` to average only what comes after it."""
+        return dict(self._totals)
 
-        All tensors of all keys are reduced on their devices and copied to the host
-        together: one ``tolist`` per device.
+    def summary(self, since=None):
+        """``{key: {'avg': mean, 'latest': last value, 'count': n}}`` over the values
+        appended after the mark ``since`` (all kept values when ``None``).
+
+        All tensors are reduced on their devices and copied to the host together. Under
+        ``torch.distributed`` every value is then averaged across ranks with one
+        all-reduce, so every rank must call this at the same iterations with the same keys.
+        Repeated calls with no update in between reuse the result (no second sync).
         """
-        result, pending = {}, {}
+        since = since or {}
+        cache_key = (self._version, tuple(sorted(since.items())))
+        if cache_key in self._cache:
+            return self._cache[cache_key]
+        windows = {}
         for key, values in self._values.items():
-            if not values:
-                continue
-            tensors = [v for v in values if isinstance(v, torch.Tensor)]
-            if tensors:
-                stacked = torch.stack([t.float().reshape(()) for t in tensors])
-                pending.setdefault(stacked.device, []).append((key, stacked.mean(), stacked[-1]))
-            else:
-                result[key] = {'avg': sum(values) / len(values), 'latest': values[-1], 'count': len(values)}
-        for items in pending.values():
-            numbers = torch.stack([t for _, avg, last in items for t in (avg, last)]).tolist()
-            for n, (key, _, _) in enumerate(items):
-                result[key] = {'avg': numbers[2 * n], 'latest': numbers[2 * n + 1],
-                               'count': len(self._values[key])}
+            new = self._totals[key] - since.get(key, 0)
+            window = list(values)[-new:] if 0 < new < len(values) else (list(values) if new > 0 else [])
+            if window:
+                windows[key] = window
+        result = self._to_host(windows)
+        if is_distributed() and get_world_size() > 1:
+            result = _average_across_ranks(result)
+        self._cache = {cache_key: result}
         return result
 
-    def averages(self):
-        return {key: value['avg'] for key, value in self.summary().items()}
+    @staticmethod
+    def _to_host(windows):
+        result, pending = {}, {}
+        for key, values in windows.items():
+            tensors = [v for v in values if isinstance(v, torch.Tensor)]
+            if len(tensors) == len(values):
+                stacked = torch.stack([t.float().reshape(()) for t in tensors])
+                pending.setdefault(stacked.device, []).append((key, stacked.mean(), stacked[-1], len(values)))
+            else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
+                numbers = [float(v) for v in values]
+                result[key] = {'avg': sum(numbers) / len(numbers), 'latest': numbers[-1], 'count': len(numbers)}
+        for items in pending.values():
+            numbers = torch.stack([t for _, avg, last, _ in items for t in (avg, last)]).tolist()
+            for n, (key, _, _, count) in enumerate(items):
+                result[key] = {'avg': numbers[2 * n], 'latest': numbers[2 * n + 1], 'count': count}
+        return result
+
+    def averages(self, since=None):
+        return {key: value['avg'] for key, value in self.summary(since).items()}
+
+
+def _average_across_ranks(result):
+    """Mean of every ``avg`` and ``latest`` over the ranks: one all-reduce of one tensor.
+
+    The keys are sorted so every rank packs them in the same order. A checksum of the key
+    names travels along, so ranks that log different keys of the same count fail loudly
+    instead of mixing metrics (different counts make the collective itself fail).
+    """
+    import zlib
+
+    import torch.distributed as dist
+    keys = sorted(result)
+    device = torch.device('cuda', torch.cuda.current_device()) \
+        if dist.get_backend() == 'nccl' else torch.device('cpu')
+    checksum = float(zlib.crc32('\0'.join(keys).encode()))
+    packed = torch.tensor([checksum] + [result[k][f] for k in keys for f in ('avg', 'latest')],
+                          dtype=torch.float64, device=device)
+    dist.all_reduce(packed)
+    numbers = packed.tolist()
+    world = get_world_size()
+    if numbers[0] != checksum * world:
+        raise RuntimeError(f'meters differ across ranks (this rank has {keys}); every rank must log '
+                           'the same keys at the same iterations')
+    return {k: {'avg': numbers[1 + 2 * n] / world, 'latest': numbers[2 + 2 * n] / world,
+                'count': result[k]['count']} for n, k in enumerate(keys)}

@@ -402,6 +402,9 @@ class Trainer:
                                       getattr(method, '__self__', method), self.exception, hook_error)
         if self.stop_reason is not None:
             self.logger.info('training stopped at epoch %d, iteration %d: %s', self.epoch, self.iter, self.stop_reason)
+        if self.profile_hooks:
+            from .profiling import report_hook_timings
+            report_hook_timings(self)
 
     def _train_epoch(self):
         loader = self.train_dataloader

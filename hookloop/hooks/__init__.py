@@ -1,12 +1,15 @@
 """The built-in hooks; importing this package registers them in ``HOOKS``."""
+from . import lr_updater, momentum_updater  # noqa: F401  (register <Policy>LrUpdaterHook, <Policy>MomentumUpdaterHook)
 from .base import STAGES, Hook
 from .checkpoint import CheckpointHook
 from .evaluation import EvaluationHook
-from .loggers import TextLoggerHook
-from . import lr_updater, momentum_updater  # noqa: F401  (register <Policy>LrUpdaterHook, <Policy>MomentumUpdaterHook)
+from .loggers import (DvcliveLoggerHook, LoggerHook, MlflowLoggerHook, NeptuneLoggerHook, TensorboardLoggerHook,
+                      TextLoggerHook, WandbLoggerHook)
 from .optimizer import OptimizerHook, OptimizerProcessor
+from .progress import ProgressBarHook
 from .timer import IterTimerHook
 from .torch_scheduler import TorchSchedulerHook
 
 __all__ = ['Hook', 'STAGES', 'CheckpointHook', 'EvaluationHook', 'IterTimerHook', 'OptimizerHook',
-           'OptimizerProcessor', 'TextLoggerHook', 'TorchSchedulerHook']
+           'OptimizerProcessor', 'TextLoggerHook', 'LoggerHook', 'TensorboardLoggerHook', 'MlflowLoggerHook',
+           'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'ProgressBarHook', 'TorchSchedulerHook']

@@ -1,0 +1,109 @@
+"""``hookloop plot WORK_DIR [WORK_DIR ...] [--keys loss,lr] -o curves.png``: curves from JSON logs.
+
+One panel per key, one line per work dir (several runs overlaid), x = iterations
+completed. Training values are lines; a key that only validation logs (or
+``val/<key>``) is drawn from the validation records, with markers.
+"""
+import argparse
+import glob
+import json
+import os
+
+from ..errors import ConfigError
+
+
+def read_json_log(work_dir):
+    """The records of the newest ``*.log.json`` in ``work_dir`` (or the file itself)."""
+    if os.path.isfile(work_dir):
+        path = work_dir
+    else:
+        paths = sorted(glob.glob(os.path.join(work_dir, '*.log.json')))
+        if not paths:
+            raise ConfigError(f'hookloop plot: no *.log.json in {work_dir!r} (is it a work dir?)')
+        path = paths[-1]
+    records = []
+    with open(path, encoding='utf-8') as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ConfigError(f'hookloop plot: {path}:{number} is not a JSON line') from None
+    return path, records
+
+
+def curve(records, key):
+    """``(steps, values, mode)`` of ``key`` (``'val/mse'`` forces validation), or None."""
+    mode, name = key.split('/', 1) if key.startswith(('train/', 'val/')) else (None, key)
+    for candidate in ([mode] if mode else ['train', 'val']):
+        points = [(r['iter'], r[name]) for r in records
+                  if r.get('mode') == candidate and isinstance(r.get(name), (int, float)) and 'iter' in r]
+        if points:
+            return [s for s, _ in points], [v for _, v in points], candidate
+    return None
+
+
+def plot(work_dirs, keys, output, title=None):
+    """Draw and save the figure; returns the (key, label) pairs drawn."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    runs = [(os.path.basename(os.path.normpath(d)) or d, read_json_log(d)) for d in work_dirs]
+    for key in keys:
+        if not any(curve(records, key) for _, (_, records) in runs):
+            known = sorted({k if r['mode'] == 'train' else f'val/{k}' for _, (_, records) in runs
+                            for r in records if r.get('mode') in ('train', 'val')
+                            for k, v in r.items() if isinstance(v, (int, float)) and k not in
+                            ('epoch', 'iter', 'inner_iter')})
+            raise ConfigError(f'hookloop plot: no run logs {key!r}; logged keys: {", ".join(known) or "none"}')
+    figure, axes = plt.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), sharex=True, squeeze=False)
+    drawn = []
+    for axis, key in zip(axes[:, 0], keys):
+        for label, (_, records) in runs:
+            found = curve(records, key)
+            if found is None:
+                continue
+            steps, values, mode = found
+            axis.plot(steps, values, marker='o' if mode == 'val' else None, markersize=3,
+                      label=label if mode == 'train' else f'{label} (val)')
+            drawn.append((key, label))
+        axis.set_ylabel(key)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize='small')
+    axes[-1, 0].set_xlabel('iterations completed')
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        raise ConfigError(f'hookloop plot: the output directory {directory!r} does not exist')
+    figure.savefig(output, dpi=100)
+    plt.close(figure)
+    return drawn
+
+
+def _run(args):
+    keys = [k.strip() for k in args.keys.split(',') if k.strip()]
+    if not keys:
+        raise ConfigError('hookloop plot: --keys is empty')
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigError('hookloop plot needs matplotlib: pip install matplotlib') from None
+    plot(args.work_dirs, keys, args.output, args.title)
+    print(f'wrote {args.output}')
+    return 0
+
+
+def register(subparsers):
+    parser = subparsers.add_parser('plot', help='draw training curves from the JSON logs of work dirs')
+    parser.add_argument('work_dirs', nargs='+', metavar='WORK_DIR',
+                        help='work dirs (their newest *.log.json) or .log.json files; several are overlaid')
+    parser.add_argument('--keys', default='loss',
+                        help="comma-separated metrics, e.g. loss,lr,val/mse (default: loss)")
+    parser.add_argument('-o', '--output', default='curves.png', help='the image to write (default: curves.png)')
+    parser.add_argument('--title', help='a title over the figure')
+    parser.add_argument('--debug', action='store_true', default=argparse.SUPPRESS)
+    parser.set_defaults(run=_run)
+

@@ -1,0 +1,187 @@
+"""LoggerHook: when to log and what one log event holds; subclasses say where it goes.
+
+Every logger hook reads the shared :class:`~hookloop.meters.MeterBuffer`
+(``trainer.meters``) and averages over its own interval. All ranks compute the
+summary (it may all-reduce across ranks); only rank 0 writes.
+"""
+import os
+
+import torch
+
+from ...errors import ConfigError
+from ...priority import Priority
+from ..base import Hook
+
+
+def current_lr(optimizer):
+    return optimizer.param_groups[0]['lr'] if optimizer is not None and optimizer.param_groups else None
+
+
+def current_momentum(optimizer):
+    if optimizer is None or not optimizer.param_groups:
+        return None
+    group = optimizer.param_groups[0]
+    if 'momentum' in group:
+        return group['momentum']
+    if 'betas' in group:
+        return group['betas'][0]
+    return None
+
+
+def flatten(value, prefix=''):
+    """``{'a': {'b': 1}, 'c': [2, 3]}`` -> ``{'a.b': 1, 'c.0': 2, 'c.1': 3}`` (for trackers' params)."""
+    items = {}
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            items.update(flatten(sub, f'{prefix}{key}.'))
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, (dict, list, tuple)) for v in value):
+        for n, sub in enumerate(value):
+            items.update(flatten(sub, f'{prefix}{n}.'))
+    else:
+        items[prefix[:-1]] = value if value is None or isinstance(value, (bool, int, float, str)) else repr(value)
+    return items
+
+
+def check_writable_dir(path, owner):
+    """Create ``path`` and prove it writable, or raise ConfigError naming ``owner``."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f'.write_test_{os.getpid()}')
+        with open(probe, 'w'):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise ConfigError(f'{owner}: log directory {path!r} is not writable: {exc.strerror or exc}') from None
+    return path
+
+
+def require(module, owner, package=None):
+    """Import an optional tracker library or raise ConfigError saying how to install it."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        package = package or module.split('.')[0]
+        raise ConfigError(f'{owner} needs the {package!r} package, which cannot be imported ({exc}); '
+                          f'install it with `pip install {package}` or `pip install hookloop[loggers]`') from None
+
+
+def _positive_int(owner, name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f'{owner} {name} must be a positive int, got {value!r}')
+    return value
+
+
+class LoggerHook(Hook):
+    """Base of the logger hooks: decides the log iterations and builds the records.
+
+    Args:
+        interval: log every ``interval`` iterations (of the epoch when ``by_epoch``).
+        ignore_last: skip the last, partial interval of an epoch (MMCV's default).
+        by_epoch: count ``interval`` within each epoch, or in global iterations.
+
+    The step of a record is the number of iterations completed (MMCV: with
+    ``interval=5`` the steps are 5, 10, ...); validation results carry the step of
+    the training iterations completed when they were computed.
+
+    Subclasses implement ``open(trainer)`` (rank 0, before training), ``log(trainer,
+    record)`` and ``close(trainer)`` (rank 0, on every exit path). A ``record`` is a dict
+    with ``mode`` ('train' or 'val'), ``epoch`` (1-based), ``iter`` (the step), for
+    'train' ``inner_iter`` when ``by_epoch``, then the metrics as floats.
+    """
+
+    PRIORITY = Priority.VERY_LOW
+    ROLE = 'logger'
+
+    def __init__(self, interval=10, ignore_last=True, by_epoch=True):
+        self.interval = _positive_int(type(self).__name__, 'interval', interval)
+        self.ignore_last = ignore_last
+        self.by_epoch = by_epoch
+        self._mark = None
+        self._in_train_iter = False
+        self._opened = False
+
+    # -- hooks ------------------------------------------------------------------------------
+    def before_run(self, trainer):
+        trainer.meters.reserve(self.interval)
+        self._mark = trainer.meters.mark()
+        if trainer.rank == 0:
+            self.open(trainer)
+            self._opened = True
+
+    def before_train_iter(self, trainer):
+        # Validation may run inside after_train_iter (EvaluationHook by iterations);
+        # this flag tells after_val_epoch whether the current iteration is complete.
+        self._in_train_iter = True
+
+    def after_train_iter(self, trainer):
+        self._in_train_iter = False
+        if not self.should_log(trainer):
+            return
+        summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
+        self._mark = trainer.meters.mark()
+        if trainer.rank != 0:
+            return
+        self.log(trainer, self.train_record(trainer, summary))
+
+    def after_val_epoch(self, trainer):
+        if not self._opened:  # rank != 0, or trainer.val() outside a run
+            return
+        completed = trainer.iter + 1 if self._in_train_iter else trainer.iter
+        record = {'mode': 'val', 'epoch': trainer.epoch + 1, 'iter': completed}
+        record.update({k: _number(v) for k, v in trainer.metrics.items()})
+        self.log(trainer, record)
+
+    def after_run(self, trainer):
+        if self._opened:
+            self._opened = False
+            self.close(trainer)
+
+    # -- what and when ----------------------------------------------------------------------
+    def should_log(self, trainer):
+        if self.by_epoch and self.every_n_inner_iters(trainer, self.interval):
+            return True
+        if not self.by_epoch and self.every_n_iters(trainer, self.interval):
+            return True
+        return not self.ignore_last and self.end_of_epoch(trainer)
+
+    def train_record(self, trainer, summary):
+        record = {'mode': 'train', 'epoch': trainer.epoch + 1, 'iter': trainer.iter + 1}
+        if self.by_epoch:
+            record['inner_iter'] = trainer.inner_iter + 1
+        lr, momentum = current_lr(trainer.optimizer), current_momentum(trainer.optimizer)
+        if lr is not None:
+            record['lr'] = lr
+        if momentum is not None:
+            record['momentum'] = momentum
+        for key in ('time', 'data_time'):
+            if key in summary:
+                record[key] = summary[key]['avg']
+        if trainer.device.type == 'cuda':
+            record['memory'] = round(torch.cuda.max_memory_allocated(trainer.device) / 2 ** 20)
+        for key, value in summary.items():
+            record.setdefault(key, value['avg'])
+        return record
+
+    @staticmethod
+    def metrics_of(record):
+        """The metrics of a record, without its position keys."""
+        return {k: v for k, v in record.items() if k not in ('mode', 'epoch', 'iter', 'inner_iter')
+                and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    # -- the destination ------------------------------------------------------------------
+    def open(self, trainer):
+        pass
+
+    def log(self, trainer, record):
+        raise NotImplementedError
+
+    def close(self, trainer):
+        pass
+
+
+def _number(value):
+    """A validation metric as a JSON-able number (one sync per validation, not per iteration)."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value

@@ -1,0 +1,72 @@
+"""MlflowLoggerHook: metrics, params and tags of an MLflow run."""
+import os
+from pathlib import Path
+
+from ...registry import HOOKS
+from .base import LoggerHook, check_writable_dir, flatten, require
+
+
+@HOOKS.register_module()
+class MlflowLoggerHook(LoggerHook):
+    """Logs every metric as ``<mode>/<key>`` at step = iterations completed, the config
+    (flattened: ``optimizer.lr``) and ``params`` as params, ``tags`` as tags.
+
+    The tracking store: ``tracking_uri`` if given, else ``MLFLOW_TRACKING_URI`` if set, else
+    a SQLite store ``sqlite:///<work_dir>/mlflow.db`` (mlflow 3 refuses the old ``./mlruns``
+    file store unless told otherwise). Artifacts go where the store's experiment says.
+    The run ends FINISHED, or FAILED when training raised.
+
+    Args:
+        exp_name: the experiment (created if missing); default the work dir's name.
+        tags, params: extra dicts to record.
+        log_model: at the end of a successful run, log the model with ``mlflow.pytorch.log_model``
+            (under ``<work_dir>/mlartifacts`` for an experiment created in a SQLite store).
+        tracking_uri: see above.
+        interval, ignore_last, by_epoch: see :class:`LoggerHook`.
+    """
+
+    def __init__(self, exp_name=None, tags=None, params=None, log_model=False, tracking_uri=None,
+                 interval=10, ignore_last=True, by_epoch=True):
+        super().__init__(interval, ignore_last, by_epoch)
+        self.mlflow = require('mlflow', type(self).__name__)
+        self.exp_name, self.tags, self.params = exp_name, tags, params
+        self.log_model, self.tracking_uri = log_model, tracking_uri
+        self.run_id = None
+
+    def open(self, trainer):
+        mlflow = self.mlflow
+        uri = self.tracking_uri or os.environ.get('MLFLOW_TRACKING_URI')
+        if not uri:
+            check_writable_dir(trainer.work_dir, type(self).__name__)
+            uri = f'sqlite:///{os.path.join(trainer.work_dir, "mlflow.db")}'
+        self.tracking_uri = uri
+        mlflow.set_tracking_uri(uri)
+        name = self.exp_name or os.path.basename(trainer.work_dir)
+        if uri.startswith('sqlite:') and mlflow.get_experiment_by_name(name) is None:
+            # a local store keeps its artifacts in the work dir too, not in ./mlruns of the cwd
+            mlflow.create_experiment(name, artifact_location=Path(trainer.work_dir, 'mlartifacts').as_uri())
+        mlflow.set_experiment(name)
+        run = mlflow.start_run()
+        self.run_id = run.info.run_id
+        params = flatten(trainer.cfg) if trainer.cfg is not None else {}
+        params.update(flatten(self.params or {}))
+        if params:
+            # mlflow caps a param value at 6000 characters: long lists are cut, not refused
+            mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
+        if self.tags:
+            mlflow.set_tags(self.tags)
+
+    def log(self, trainer, record):
+        metrics = {f'{record["mode"]}/{k}': v for k, v in self.metrics_of(record).items()}
+        self.mlflow.log_metrics(metrics, step=record['iter'])
+
+    def close(self, trainer):
+        try:
+            if self.log_model and trainer.exception is None:
+                import mlflow.pytorch
+                # pip_requirements given: inferring them scans the environment (slow). The
+                # pickle format as in MMCV: mlflow's 'pt2' needs an input example to trace.
+                mlflow.pytorch.log_model(trainer.model, name='models', pip_requirements=['torch'],
+                                         serialization_format='pickle')
+        finally:
+            self.mlflow.end_run(status='FINISHED' if trainer.exception is None else 'FAILED')

@@ -1,0 +1,39 @@
+"""TensorboardLoggerHook: scalars in TensorBoard event files."""
+import json
+import os
+
+from ...registry import HOOKS
+from .base import LoggerHook, check_writable_dir, flatten, require
+
+
+@HOOKS.register_module()
+class TensorboardLoggerHook(LoggerHook):
+    """Writes every metric as a scalar ``<mode>/<key>`` (``train/loss``, ``train/lr``,
+    ``val/accuracy``) at step = iterations completed, through ``torch.utils.tensorboard``.
+    The config is written once as the text ``config``.
+
+    Args:
+        log_dir: where the event files go; default ``<work_dir>/tf_logs`` (MMCV's place).
+        interval, ignore_last, by_epoch: see :class:`LoggerHook`.
+    """
+
+    def __init__(self, log_dir=None, interval=10, ignore_last=True, by_epoch=True):
+        super().__init__(interval, ignore_last, by_epoch)
+        require('tensorboard', type(self).__name__)
+        self.log_dir = log_dir
+        self.writer = None
+
+    def open(self, trainer):
+        from torch.utils.tensorboard import SummaryWriter
+        self.log_dir = check_writable_dir(self.log_dir or os.path.join(trainer.work_dir, 'tf_logs'),
+                                          type(self).__name__)
+        self.writer = SummaryWriter(self.log_dir)
+        if trainer.cfg is not None:
+            self.writer.add_text('config', '    ' + json.dumps(flatten(trainer.cfg), indent=1).replace('\n', '\n    '))
+
+    def log(self, trainer, record):
+        for key, value in self.metrics_of(record).items():
+            self.writer.add_scalar(f'{record["mode"]}/{key}', value, record['iter'])
+
+    def close(self, trainer):
+        self.writer.close()
