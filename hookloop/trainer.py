@@ -534,7 +534,7 @@ class Trainer:
         epoch, it, inner_iter = self.checkpoint_position()
         checkpoint = {
             'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
-                     'hookloop_version': __version__, 'torch_version': torch.__version__,
+                     'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
             'state_dict': self.model.state_dict(),
