@@ -25,11 +25,13 @@ pytestmark = pytest.mark.skipif(not (torch_dist.is_available() and torch_dist.is
                                 reason='torch.distributed with gloo is not available')
 
 
-def torchrun(mode, out, timeout=300, env=None):
-    """Run the worker in ``mode`` on 2 ranks; ``(completed process, seconds)``."""
+def torchrun(mode, out, timeout=300, env=None, program=None):
+    """Run the worker in ``mode`` on 2 ranks (or ``program``, a list of arguments);
+    ``(completed process, seconds)``."""
     command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2',
-               WORKER, mode, str(out)]
-    full_env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1', **(env or {}))
+               *(program or [WORKER, mode, str(out)])]
+    full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(WORKER)]),
+                    OMP_NUM_THREADS='1', **(env or {}))
     start = time.monotonic()
     proc = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - start
@@ -182,10 +184,26 @@ def test_kill_both_ranks_and_resume_is_bitwise(tmp_path, main_run):
             assert torch.equal(resumed[key], uninterrupted[key]), key
 
 
+FAIL_CONFIG = """
+custom_imports = ['worker']
+model = dict(type='DistTestClassifier')
+train_dataloader = dict(dataset=dict(type='DistTestData'), batch_size=4, shuffle=True)
+optimizer = dict(type='SGD', lr=0.1)
+max_epochs = 50
+device = 'cpu'
+dist_timeout = 30
+custom_hooks = [dict(type='DistTestRaiseAt', at=3, stamp={stamp!r})]
+work_dir = {work_dir!r}
+"""
+
+
 def test_one_rank_raising_stops_both(tmp_path):
-    """(e) rank 1 raises; rank 0 is blocked in the gradient all-reduce. Both stop and
-    torchrun exits non-zero well within 60 s, reporting the original error."""
-    proc, _ = torchrun('fail', tmp_path, env={'HOOKLOOP_TEST_DIST_TIMEOUT': '30'})
+    """(e) ``torchrun -m hookloop train CONFIG``: rank 1 raises; rank 0 is blocked in the
+    gradient all-reduce. Both stop and torchrun exits non-zero well within 60 s,
+    reporting the original error."""
+    config = tmp_path / 'fail_config.py'
+    config.write_text(FAIL_CONFIG.format(stamp=str(tmp_path / 'raised_at'), work_dir=str(tmp_path / 'work')))
+    proc, _ = torchrun(None, tmp_path, program=['-m', 'hookloop', 'train', str(config)])
     ended = time.time()
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
