@@ -209,6 +209,7 @@ def test_one_rank_raising_stops_both(tmp_path):
     assert proc.returncode != 0
     raised = float((tmp_path / 'raised_at').read_text())
     assert ended - raised < 60, f'the ranks took {ended - raised:.0f} s to stop after the error'
+    print(f'all ranks stopped {ended - raised:.1f} s after the error')
     assert 'RuntimeError: injected failure on rank 1' in output
     assert 'rank 1 of 2 stopped by RuntimeError' in output
     # torchrun's summary: rank 1 failed first (exit 1), rank 0 was stopped (SIGTERM).
