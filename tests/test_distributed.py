@@ -56,12 +56,13 @@ def accumulation_supported():
     return len(steps) == 1
 
 
-def plain_loop(cumulative_iters=1):
+def plain_loop(cumulative_iters=1, size=W.TRAIN_SIZE):
     """The single-process reference: global batch 8 in DistributedSampler's order
-    (randperm seeded with seed + epoch), SGD with momentum."""
+    (randperm seeded with seed + epoch), SGD with momentum; with ``cumulative_iters``
+    the loss is divided by it and the optimizer steps at the end of each window."""
     model = W.make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=W.LR, momentum=W.MOMENTUM)
-    data = W.train_set()
+    data = W.make_data(size, 0)
     for epoch in range(W.EPOCHS):
         order = torch.randperm(len(data), generator=torch.Generator().manual_seed(W.SEED + epoch)).tolist()
         batches = [order[i:i + W.GLOBAL_BATCH] for i in range(0, len(order), W.GLOBAL_BATCH)]
@@ -158,11 +159,10 @@ def test_accumulation_all_reduces_once_per_window(main_run):
     _, ranks, accumulate, _ = main_run
     if not accumulate:
         pytest.skip('OptimizerHook(cumulative_iters=2) does not accumulate yet (branch opt)')
-    reference = plain_loop(cumulative_iters=2).state_dict()
+    reference = plain_loop(cumulative_iters=2, size=W.ACC_TRAIN_SIZE).state_dict()
     assert_close(ranks[0]['acc_weights'], reference)
-    iters = W.EPOCHS * W.TRAIN_SIZE // W.GLOBAL_BATCH
-    windows = W.EPOCHS * math.ceil(W.TRAIN_SIZE // W.GLOBAL_BATCH / 2)
-    assert iters != windows
+    iters = W.EPOCHS * W.ACC_TRAIN_SIZE // W.GLOBAL_BATCH
+    windows = iters // 2  # without no_sync there would be one all-reduce per iteration
     assert ranks[0]['acc_allreduces'] == ranks[1]['acc_allreduces'] == windows
 
 
