@@ -133,6 +133,8 @@ def test_evaluation_covers_val_set_once(main_run):
     for rank in ranks:
         assert rank['accuracy'] == pytest.approx(accuracy, abs=1e-9)
         assert rank['ce'] == pytest.approx(ce, rel=1e-6)
+        if 'tm_accuracy' in rank:  # torchmetrics
+            assert 100 * rank['tm_accuracy'] == pytest.approx(accuracy, abs=1e-4)
 
 
 def test_logged_loss_is_mean_over_ranks(main_run):

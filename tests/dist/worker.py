@@ -162,6 +162,15 @@ def run_main(out, rank, world):
     from hookloop.evaluation import FunctionEvaluator
     trainer.val_evaluator = FunctionEvaluator(mean_ce)
     result['ce'] = trainer.val()['ce']
+    try:
+        from torchmetrics.classification import MulticlassAccuracy
+    except ImportError:
+        pass
+    else:  # syncs its own state across ranks; the trainer still drops the padding
+        from hookloop.evaluation import TorchMetricEvaluator
+        trainer.val_evaluator = TorchMetricEvaluator(MulticlassAccuracy(num_classes=3, average='micro'),
+                                                     pred_key='logits', name='tm_accuracy')
+        result['tm_accuracy'] = trainer.val()['tm_accuracy']
     result['losses'] = record.losses
     result['timestamp'] = trainer.timestamp
     trainer.close()
