@@ -611,10 +611,10 @@ class Trainer:
         self.logger.info('loaded weights from %s', path)
 
     def close(self):
-        """Release the log files and leave the process group hookloop created (the
-        trainer cannot log or communicate afterwards)."""
+        """Release the log files (the trainer cannot log afterwards). The process group
+        stays up for later trainers in this process; it is destroyed at exit (or at once
+        when training fails), because re-creating it under torchrun is not reliable."""
         close_logger(self.logger)
-        teardown()
 
 
 def _accepts(target, argument):

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(not (torch_dist.is_available() and torch_dist.is
                                 reason='torch.distributed with gloo is not available')
 
 
-def torchrun(mode, out, timeout=300, env=None, program=None):
+def torchrun(mode, out, timeout=240, env=None, program=None):
     """Run the worker in ``mode`` on 2 ranks (or ``program``, a list of arguments);
     ``(completed process, seconds)``."""
     command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2',
@@ -33,7 +34,16 @@ def torchrun(mode, out, timeout=300, env=None, program=None):
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(WORKER)]),
                     OMP_NUM_THREADS='1', **(env or {}))
     start = time.monotonic()
-    proc = subprocess.run(command, env=full_env, capture_output=True, text=True, timeout=timeout)
+    # A session of its own: on a timeout the workers are killed with torchrun, not orphaned.
+    with subprocess.Popen(command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            stdout, stderr = popen.communicate()
+            pytest.fail(f'torchrun {mode or program} ran over {timeout} s:\n{stdout[-3000:]}\n{stderr[-3000:]}')
+    proc = subprocess.CompletedProcess(command, popen.returncode, stdout, stderr)
     return proc, time.monotonic() - start
 
 

@@ -105,8 +105,9 @@ def plain_sgd(steps):
 
 
 def test_one_rank_ddp_under_torchrun_env(tmp_path, torchrun_env):
-    """The trainer joins the group torchrun describes, wraps in DDP when asked, trains
-    like the plain loop, and ``close()`` leaves the group it created."""
+    """The trainer joins the group torchrun describes, wraps in DDP when asked and trains
+    like the plain loop; the group outlives ``close()`` (a later trainer reuses it) and
+    ``dist.teardown()`` (run at exit) destroys it."""
     t = trainer(tmp_path, strategy='ddp')
     assert dist.is_distributed() and (t.rank, t.world_size) == (0, 1)
     assert type(t.wrapped_model).__name__ == 'DistributedDataParallel'
@@ -117,6 +118,10 @@ def test_one_rank_ddp_under_torchrun_env(tmp_path, torchrun_env):
         assert torch.allclose(value, reference[key], rtol=0, atol=1e-6), key
     assert dist.is_distributed()  # kept after a normal end: trainer.val() may follow
     t.close()
+    group = torch_dist.group.WORLD
+    again = trainer(tmp_path, strategy='ddp')
+    assert torch_dist.group.WORLD is group and type(again.wrapped_model).__name__ == 'DistributedDataParallel'
+    dist.teardown()
     assert not dist.is_distributed()
 
 
