@@ -101,7 +101,8 @@ class Trainer:
             raise ConfigError('resume_from and load_from exclude each other: resume continues a run, '
                               'load_from starts a new one from its weights')
         for name, path in (('resume_from', resume_from), ('load_from', load_from)):
-            if path is not None and path != 'auto' and not (os.path.isfile(path) or is_sharded_checkpoint(path)):
+            sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
+            if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
         self.cfg = cfg

@@ -177,3 +177,18 @@ def test_real_samples_and_take_first():
     assert torch.equal(kept_batch[1], torch.tensor([0, 10]))
     assert take_first(outputs, batch, 9)[2] == 5
     assert take_first(outputs, batch, 0) == (None, None, 0)
+
+
+def test_sharded_directory_is_for_resume_only(tmp_path, no_torchrun_env):
+    """A sharded checkpoint is a directory with hookloop.pth inside: accepted by
+    resume_from (checked when training starts), refused by load_from up front."""
+    from hookloop.checkpoint import CheckpointError
+    from hookloop.fsdp import is_sharded_checkpoint
+    shard_dir = tmp_path / 'iter_6.pth'
+    shard_dir.mkdir()
+    assert not is_sharded_checkpoint(str(shard_dir))
+    (shard_dir / 'hookloop.pth').write_bytes(b'')
+    assert is_sharded_checkpoint(str(shard_dir))
+    trainer(tmp_path / 'a', resume_from=str(shard_dir))
+    with pytest.raises(CheckpointError, match='load_from .* does not exist or is not a file'):
+        trainer(tmp_path / 'b', load_from=str(shard_dir))
