@@ -1,6 +1,9 @@
 """The per-rank program the distributed tests launch with ``torchrun --nproc-per-node 2``.
 
 ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist/worker.py MODE OUT``
+with MODE ``main`` (DDP, evaluation, logging, accumulation, then FSDP), ``kill`` or ``resume``.
+Importing it also registers ``DistTestClassifier``, ``DistTestData`` and ``DistTestRaiseAt``
+for the config that ``torchrun -m hookloop train`` runs in the failure test.
 
 Each mode trains the small classifier below with hookloop and writes what the test
 checks to ``OUT/<mode>_rank<r>.pt`` (harness files, outside the trainers' work dirs).
@@ -175,8 +178,8 @@ def run_main(out, rank, world):
     result['timestamp'] = trainer.timestamp
     trainer.close()
     if os.environ.get('HOOKLOOP_TEST_ACCUMULATE') == '1':
-        acc = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, 'work_acc'),
-                                       train_dataloader=loader(make_data(ACC_TRAIN_SIZE, 0), GLOBAL_BATCH // world, True),
+        acc_loader = loader(make_data(ACC_TRAIN_SIZE, 0), GLOBAL_BATCH // world, True)
+        acc = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, 'work_acc'), train_dataloader=acc_loader,
                                        optimizer_config=dict(cumulative_iters=2)))
         counter = count_allreduces(acc.wrapped_model)
         acc.train()
