@@ -77,6 +77,12 @@ class Trainer:
         load_from: a checkpoint whose model weights initialise a fresh run.
         custom_imports: modules to import first (they register models, datasets, hooks).
         cfg: the config this trainer was built from, stored in checkpoint metadata.
+        launcher: ``'auto'`` joins the torchrun job the environment describes, ``'pytorch'``
+            requires one, ``'none'`` runs single-process (see ``docs/distributed.md``).
+        dist_backend, dist_timeout: the process group's backend (``None``: nccl on CUDA, gloo
+            on CPU) and how many seconds a collective waits for the other ranks.
+        strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
+        find_unused_parameters: passed to ``DistributedDataParallel``.
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
