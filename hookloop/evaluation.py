@@ -4,11 +4,19 @@ The trainer calls ``update`` with the model's outputs and the batch at every
 validation iteration and ``compute`` once at the end. Counts stay on the device
 until ``compute``. A ``torchmetrics.Metric`` is accepted as is (wrapped by
 :class:`TorchMetricEvaluator`), so its cross-rank syncing is reused.
+
+In a distributed run each rank updates with its own share of the val set (the
+trainer drops the padding copies first, see :func:`take_first`); ``compute`` of the
+built-in evaluators sums their counts over ranks, so every rank returns the metric
+of the whole val set.
 """
+import math
 from collections.abc import Mapping
 
 import torch
 
+from .data import ResumableBatchSampler
+from .dist import all_gather_objects, all_reduce_numbers
 from .errors import ConfigError
 from .registry import METRICS
 
@@ -61,9 +69,11 @@ class Accuracy:
         self.total += target.numel()
 
     def compute(self):
-        if not self.total:
+        correct = self.correct.item() if self.correct is not None else 0
+        correct, total = all_reduce_numbers([correct, self.total])  # whole val set, all ranks
+        if not total:
             return {self.name: float('nan')}
-        return {self.name: 100.0 * self.correct.item() / self.total}
+        return {self.name: 100.0 * correct / total}
 
 
 class TorchMetricEvaluator:
@@ -110,8 +120,51 @@ class FunctionEvaluator:
         self.count += size
 
     def compute(self):
-        return {k: (float(v) if not isinstance(v, torch.Tensor) else v.item()) / max(self.count, 1)
-                for k, v in self.sums.items()}
+        local = {k: float(v) if not isinstance(v, torch.Tensor) else v.item() for k, v in self.sums.items()}
+        sums, count = {}, 0
+        for rank_sums, rank_count in all_gather_objects((local, self.count)):  # one collective
+            for key, value in rank_sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+            count += rank_count
+        return {k: v / max(count, 1) for k, v in sums.items()}
+
+
+def real_samples(loader):
+    """How many of ``loader``'s samples on this rank are real (not wrap-around padding
+    added to give every rank the same count); ``None`` when nothing is padded."""
+    sampler = getattr(loader, 'batch_sampler', None)
+    if not isinstance(sampler, ResumableBatchSampler) or sampler.world_size == 1 or sampler.shard_drop_last:
+        return None
+    # Rank r holds positions r, r + W, ... of the padded order; those >= length are padding.
+    return max(0, math.ceil((sampler.length - sampler.rank) / sampler.world_size))
+
+
+def take_first(outputs, batch, remaining):
+    """``(outputs, batch, remaining)`` cut to the first ``remaining`` samples of the batch:
+    every tensor whose first dimension is the batch size is sliced. ``(None, None, 0)``
+    when nothing is left."""
+    size = _batch_size(batch)
+    if remaining >= size:
+        return outputs, batch, remaining - size
+    if remaining <= 0:
+        return None, None, 0
+    return _slice(outputs, remaining, size), _slice(batch, remaining, size), 0
+
+
+def _slice(value, n, size):
+    if isinstance(value, torch.Tensor):
+        return value[:n] if value.dim() > 0 and value.shape[0] == size else value
+    if isinstance(value, Mapping):
+        items = {k: _slice(v, n, size) for k, v in value.items()}
+        try:
+            return type(value)(**items) if type(value) is not dict else items
+        except TypeError:  # a Mapping type that cannot be built from keywords
+            return items
+    if isinstance(value, tuple) and hasattr(value, '_fields'):  # namedtuple
+        return type(value)(*(_slice(v, n, size) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_slice(v, n, size) for v in value)
+    return value
 
 
 def _batch_size(batch):

@@ -18,9 +18,10 @@ from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpoint import get_rng_state, load_checkpoint, read_pointer, save_checkpoint, set_rng_state, update_pointer
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
-from .dist import broadcast_object, init_distributed, wrap_model
+from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError
-from .evaluation import build_evaluator
+from .evaluation import build_evaluator, real_samples, take_first
+from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hooks.base import STAGES, Hook
 from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_table
 from .log import close_logger, create_logger
@@ -76,6 +77,12 @@ class Trainer:
         load_from: a checkpoint whose model weights initialise a fresh run.
         custom_imports: modules to import first (they register models, datasets, hooks).
         cfg: the config this trainer was built from, stored in checkpoint metadata.
+        launcher: ``'auto'`` joins the torchrun job the environment describes, ``'pytorch'``
+            requires one, ``'none'`` runs single-process (see ``docs/distributed.md``).
+        dist_backend, dist_timeout: the process group's backend (``None``: nccl on CUDA, gloo
+            on CPU) and how many seconds a collective waits for the other ranks.
+        strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
+        find_unused_parameters: passed to ``DistributedDataParallel``.
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -100,7 +107,8 @@ class Trainer:
             raise ConfigError('resume_from and load_from exclude each other: resume continues a run, '
                               'load_from starts a new one from its weights')
         for name, path in (('resume_from', resume_from), ('load_from', load_from)):
-            if path is not None and path != 'auto' and not os.path.isfile(path):
+            sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
+            if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
         self.cfg = cfg
@@ -117,12 +125,15 @@ class Trainer:
         self.seed = seed
         seed_everything(seed)
 
-        self.device = torch.device(device) if device is not None else \
-            torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+        # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
+        self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
+        if is_sharded_model(self.wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError('strategy="fsdp" replaces the parameters with sharded ones: pass the optimizer '
+                              'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
         self.profile_hooks = profile_hooks
         self.hook_timings = {}  # (hook name, stage) -> [seconds, calls], with profile_hooks
         self.optimizer = build_optimizer(optimizer, self.model)
@@ -394,12 +405,17 @@ class Trainer:
         if self.exception is None:
             self.call_hook('after_run')
         else:
+            if self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
+                self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
             for method in self._dispatch['after_run']:
                 try:
                     method(self)
                 except Exception as hook_error:  # keep the error that stopped training
                     self.logger.error('%s.after_run failed while handling %r: %r',
                                       getattr(method, '__self__', method), self.exception, hook_error)
+            # Leave the process group now: ranks waiting for this one in a collective see
+            # the connection close and fail at once instead of waiting for dist_timeout.
+            teardown()
         if self.stop_reason is not None:
             self.logger.info('training stopped at epoch %d, iteration %d: %s', self.epoch, self.iter, self.stop_reason)
         if self.profile_hooks:
@@ -489,6 +505,10 @@ class Trainer:
             self.val_evaluator.reset()
         self.call_hook('before_val_epoch')
         before_iter, after_iter = self._dispatch['before_val_iter'], self._dispatch['after_val_iter']
+        # Ranks past the end of the val set get wrapped-around copies of its first samples
+        # (every rank runs the same number of forwards, FSDP needs that); the evaluator
+        # sees only this rank's real samples, so the metric covers each sample once.
+        remaining = real_samples(self.val_dataloader)
         with torch.no_grad():
             for self.val_iter, batch in enumerate(self.val_dataloader):
                 self.data_batch = batch = self.to_device(batch)
@@ -497,7 +517,11 @@ class Trainer:
                 with self.val_forward_context():
                     self.val_outputs = call_model(self.wrapped_model, batch)
                 if self.val_evaluator is not None:
-                    self.val_evaluator.update(self.val_outputs, batch)
+                    outputs, kept = self.val_outputs, batch
+                    if remaining is not None:
+                        outputs, kept, remaining = take_first(self.val_outputs, batch, remaining)
+                    if kept is not None:
+                        self.val_evaluator.update(outputs, kept)
                 for method in after_iter:
                     method(self)
         self.metrics = dict(self.val_evaluator.compute()) if self.val_evaluator is not None else {}
@@ -538,6 +562,11 @@ class Trainer:
         checkpoint = self.state_dict(save_optimizer)
         self.resolve_hooks()
         self.call_hook('before_save_checkpoint', checkpoint)
+        if is_sharded_model(self.wrapped_model):  # every rank writes its shards
+            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank)
+            if self.rank == 0 and update_last:
+                update_pointer(self.work_dir, path)
+            return path
         if self.rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             save_checkpoint(checkpoint, path)
@@ -557,13 +586,16 @@ class Trainer:
 
     def resume(self, path):
         """Restore model, optimizer, counters, hook states and RNG from a checkpoint."""
-        checkpoint = load_checkpoint(path, map_location=self.device)
-        for key in ('meta', 'state_dict'):
-            if key not in checkpoint:
-                raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
-        self.model.load_state_dict(checkpoint['state_dict'])
-        if 'optimizer' in checkpoint and self.optimizer is not None:
-            self.optimizer.load_state_dict(checkpoint['optimizer'])
+        if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
+            checkpoint = load_sharded(path, self.model, self.optimizer)
+        else:
+            checkpoint = load_checkpoint(path, map_location=self.device)
+            for key in ('meta', 'state_dict'):
+                if key not in checkpoint:
+                    raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
+            self.model.load_state_dict(checkpoint['state_dict'])
+            if 'optimizer' in checkpoint and self.optimizer is not None:
+                self.optimizer.load_state_dict(checkpoint['optimizer'])
         meta = checkpoint['meta']
         self.epoch, self.iter, self.inner_iter = meta['epoch'], meta['iter'], meta['inner_iter']
         self.seed = meta.get('seed', self.seed)
@@ -589,7 +621,9 @@ class Trainer:
         self.logger.info('loaded weights from %s', path)
 
     def close(self):
-        """Release the log files (the trainer cannot log afterwards)."""
+        """Release the log files (the trainer cannot log afterwards). The process group
+        stays up for later trainers in this process; it is destroyed at exit (or at once
+        when training fails), because re-creating it under torchrun is not reliable."""
         close_logger(self.logger)
 
 
