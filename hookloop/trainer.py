@@ -517,7 +517,7 @@ class Trainer:
         epoch, it, inner_iter = self.checkpoint_position()
         checkpoint = {
             'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
-                     'hookloop_version': __version__, 'torch_version': torch.__version__,
+                     'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
             'state_dict': self.model.state_dict(),
@@ -549,6 +549,9 @@ class Trainer:
             if path is None:
                 self.logger.info('no last_checkpoint in %s: starting a new run', self.work_dir)
                 return
+            if not os.path.isfile(path):
+                raise CheckpointError(f'{os.path.join(self.work_dir, "last_checkpoint")} names {path!r}, '
+                                      'which does not exist (moved or deleted?)')
         if path is not None:
             self.resume(path)
 
