@@ -127,7 +127,7 @@ def test_retention_with_save_best_never_removes_best_or_latest(tmp_path):
     best = load_checkpoint(str(tmp_path / 'best_accuracy_epoch_2.pth'))
     assert best['meta']['epoch'] == 2 and best['meta']['iter'] == 10
     hook = next(h for h in trainer.hooks if isinstance(h, CheckpointHook))
-    assert hook.best_score == 0.875 and hook.rule == 'greater'
+    assert hook.best.score == 0.875 and hook.best.rule == 'greater'
 
 
 def test_retention_keeps_best_even_when_it_is_old_and_with_less_rule(tmp_path):
@@ -149,7 +149,7 @@ def test_best_tracking_survives_resume(tmp_path):
     resumed = train(make_trainer(tmp_path, epochs=4, auto_resume=True,
                                  val_evaluator=scripted_metric('acc', values[2:]), **options))
     hook = next(h for h in resumed.hooks if isinstance(h, CheckpointHook))
-    assert hook.best_score == 0.875 and os.path.exists(tmp_path / 'best_acc_epoch_2.pth')
+    assert hook.best.score == 0.875 and os.path.exists(tmp_path / 'best_acc_epoch_2.pth')
     assert not any(n.startswith('best_acc_epoch_4') for n in os.listdir(tmp_path))
 
 
@@ -199,3 +199,18 @@ def test_load_from_takes_weights_only_and_starts_a_fresh_schedule(tmp_path):
     train(second)
     assert second.iter == 5 and second.epoch == 1  # counted from zero, not from the loaded run
     assert os.path.exists(tmp_path / 'second' / 'epoch_1.pth')
+
+
+def test_evaluation_hook_save_best_auto_as_in_mmcv_configs(tmp_path):
+    # MMCV configs write evaluation=dict(interval=1, save_best='auto'); the first metric is used.
+    trainer = train(make_trainer(
+        tmp_path, epochs=3, checkpoint=dict(interval=1, max_keep_ckpts=1),
+        val_dataloader=DataLoader(regression_data(8), batch_size=8),
+        val_evaluator=scripted_metric('top1', [0.25, 0.125, 0.5]), evaluation=dict(interval=1, save_best='auto')))
+    names = sorted(n for n in os.listdir(tmp_path) if n.endswith('.pth'))
+    assert names == ['best_top1_epoch_3.pth', 'epoch_3.pth']
+    assert load_checkpoint(str(tmp_path / 'best_top1_epoch_3.pth'))['meta']['epoch'] == 3
+    hook = next(h for h in trainer.hooks if h.ROLE == 'evaluation')
+    assert hook.best.score == 0.5 and hook.best.rule == 'greater'
+    with pytest.raises(ConfigError, match="EvaluationHook rule must be 'greater' or 'less'"):
+        make_trainer(tmp_path, evaluation=dict(save_best='acc', rule='up'))

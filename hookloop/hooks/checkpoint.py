@@ -1,27 +1,12 @@
 """CheckpointHook: saves checkpoints on an interval, keeps the newest few and the best one."""
 import os
 
+from ..best_checkpoint import BestCheckpoint
 from ..checkpoint import read_pointer, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
 from .base import Hook
-
-# Substrings of metric names whose larger / smaller value is better (case-insensitive),
-# used when ``rule`` is not given. 'less' is checked first: 'top1_err' is an error.
-_LESS_IS_BETTER = ('loss', 'err', 'mse', 'mae', 'rmse', 'perplexity', 'wer', 'cer')
-_GREATER_IS_BETTER = ('acc', 'top', 'ar@', 'auc', 'precision', 'recall', 'f1', 'map', 'dice', 'iou', 'psnr',
-                      'ssim', 'bleu', 'rouge', 'score')
-
-
-def infer_rule(metric):
-    """'greater' or 'less' for a common metric name, else None."""
-    name = metric.lower()
-    if any(key in name for key in _LESS_IS_BETTER):
-        return 'less'
-    if any(key in name for key in _GREATER_IS_BETTER):
-        return 'greater'
-    return None
 
 
 def _is_int(value):
@@ -63,26 +48,14 @@ class CheckpointHook(Hook):
             raise ConfigError(f'CheckpointHook max_keep_ckpts must be a positive int or -1, got {max_keep_ckpts!r}')
         if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
             raise ConfigError(f'CheckpointHook out_dir must be a path, got {out_dir!r}')
-        if save_best is not None and (not isinstance(save_best, str) or not save_best):
-            raise ConfigError(f'CheckpointHook save_best must be a metric name or "auto", got {save_best!r}')
-        if rule not in (None, 'greater', 'less'):
-            raise ConfigError(f"CheckpointHook rule must be 'greater' or 'less', got {rule!r}")
-        if save_best not in (None, 'auto') and rule is None:
-            rule = infer_rule(save_best)
-            if rule is None:
-                raise ConfigError(f'CheckpointHook cannot tell whether a larger {save_best!r} is better; '
-                                  "give rule='greater' or rule='less'")
+        self.best = BestCheckpoint('CheckpointHook', save_best, rule) if save_best is not None else None
         if export_safetensors not in (False, True, 'model', 'ema'):
             raise ConfigError("CheckpointHook export_safetensors must be False, True, 'model' or 'ema', "
                               f'got {export_safetensors!r}')
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
-        self.save_best, self.rule = save_best, rule
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
         self.saved = []          # interval checkpoints, oldest first
-        self.best_score = None   # a float once an evaluation was seen
-        self.best_path = None
-        self._seen_metrics = None
         self._capture = None     # set while this hook saves: receives the checkpoint dict
 
     # -- stages ------------------------------------------------------------------------------
@@ -141,7 +114,8 @@ class CheckpointHook(Hook):
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
         latest = read_pointer(trainer.work_dir)
-        protected = {os.path.abspath(p) for p in (latest, self.best_path, self.saved[-1]) if p}
+        best = self.best.path if self.best is not None else None
+        protected = {os.path.abspath(p) for p in (latest, best, self.saved[-1]) if p}
         while len(self.saved) > self.max_keep_ckpts:
             old = self.saved.pop(0)
             if os.path.abspath(old) in protected:
@@ -150,51 +124,19 @@ class CheckpointHook(Hook):
                 if os.path.exists(victim):
                     os.remove(victim)
 
-    # -- best checkpoint ---------------------------------------------------------------------
     def _track_best(self, trainer, filename):
-        metrics = trainer.metrics
-        # trainer.val() stores a new dict each time: an unchanged object means no new
-        # evaluation, so nothing is read (and no device value is synced) on other iterations.
-        if self.save_best is None or not metrics or metrics is self._seen_metrics:
-            return
-        self._seen_metrics = metrics
-        key = self._metric_key(metrics)
-        score = float(metrics[key])
-        better = self.best_score is None or (score > self.best_score if self.rule == 'greater'
-                                             else score < self.best_score)
-        if not better:
-            return
-        previous = self.best_path
-        self.best_score = score
-        self.best_path = os.path.join(self.directory, f'best_{key}_{filename}')
-        self._write(trainer, self.best_path, update_last=False)
-        if trainer.rank == 0 and previous and previous != self.best_path:
-            for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
-                if os.path.exists(victim):
-                    os.remove(victim)
-        trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.best_path)
-
-    def _metric_key(self, metrics):
-        if self.save_best == 'auto':
-            key = next(iter(metrics))
-            if self.rule is None:
-                self.rule = infer_rule(key)
-                if self.rule is None:
-                    raise ConfigError(f"CheckpointHook save_best='auto' picked metric {key!r} but cannot tell "
-                                      "whether larger is better; give save_best=NAME and rule='greater'|'less'")
-            return key
-        if self.save_best not in metrics:
-            raise ConfigError(f'CheckpointHook save_best={self.save_best!r} is not among the evaluation metrics '
-                              f'{sorted(metrics)}')
-        return self.save_best
+        if self.best is not None:
+            self.best.update(trainer, self.directory, filename,
+                             lambda path: self._write(trainer, path, update_last=False))
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self):
-        return {'saved': list(self.saved), 'best_score': self.best_score, 'best_path': self.best_path,
-                'rule': self.rule}
+        state = {'saved': list(self.saved)}
+        if self.best is not None:
+            state.update(self.best.state_dict())
+        return state
 
     def load_state_dict(self, state):
         self.saved = list(state.get('saved', []))
-        self.best_score = state.get('best_score')
-        self.best_path = state.get('best_path')
-        self.rule = self.rule or state.get('rule')
+        if self.best is not None:
+            self.best.load_state_dict(state)
