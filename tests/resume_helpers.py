@@ -88,11 +88,25 @@ def write_config(directory, big=0, delay=0.0, num_workers=0, max_epochs=4, inter
     return path
 
 
+_STARTED = []  # every training process a test started, killed by kill_leftovers()
+
+
+def kill_leftovers():
+    """SIGKILL the training processes a (failed) test left running; call after each test."""
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def launch(config, work_dir):
     """``python -m hookloop train CONFIG --work-dir W --resume auto`` in a new process."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, 'tests')]))
-    return subprocess.Popen([sys.executable, '-m', 'hookloop', 'train', config, '--work-dir', str(work_dir),
-                             '--resume', 'auto'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([sys.executable, '-m', 'hookloop', 'train', config, '--work-dir', str(work_dir),
+                                '--resume', 'auto'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _STARTED.append(process)
+    return process
 
 
 def reference_run(config, work_dir, options=()):
@@ -115,55 +129,73 @@ def comparable(checkpoint):
     return state
 
 
-class ForkedRun:
-    """``hookloop train CONFIG --work-dir W --resume auto`` in a forked copy of this process.
+def _run_cli(argv, log_path):
+    """The child's body: the CLI's ``main`` with fds 1 and 2 sent to ``log_path``."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, 'w', buffering=1, closefd=False)
+    sys.stderr = open(2, 'w', buffering=1, closefd=False)
+    from hookloop.cli import main
+    sys.exit(main(argv))
 
-    The same CLI code path as :func:`launch`, without paying for a fresh interpreter and
-    ``import torch`` (seconds on a loaded machine), so a test can afford several killed runs.
-    Offers the parts of ``Popen`` the tests use."""
+
+_CONTEXT = None
+
+
+def _context():
+    """A forkserver whose server process has imported torch (and torch._dynamo, which the
+    first optimizer imports) once: each run forks from that clean, single-threaded process,
+    so it starts in milliseconds and cannot inherit a lock held by one of the test process's
+    threads (a plain fork of the test process can deadlock)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        import multiprocessing
+        _CONTEXT = multiprocessing.get_context('forkserver')
+        _CONTEXT.set_forkserver_preload(['torch', 'torch._dynamo', 'hookloop.trainer', 'resume_helpers'])
+    return _CONTEXT
+
+
+class ForkedRun:
+    """``hookloop train CONFIG --work-dir W --resume auto`` (the CLI's ``main``) in a process
+    forked from a forkserver that has torch imported already: the same code path as
+    :func:`launch` without seconds of ``import torch`` per run, so a test can afford several
+    killed runs. Offers the parts of ``Popen`` the tests use."""
 
     def __init__(self, config, work_dir, log_path):
-        self.returncode = None
         self.log_path = log_path
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: train, then leave without running the parent's clean-up
-            code = 1
-            try:
-                fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                from hookloop.cli import main
-                code = main(['train', config, '--work-dir', str(work_dir), '--resume', 'auto'])
-            except BaseException:  # noqa: B036 - report anything, then exit
-                import traceback
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+        argv = ['train', config, '--work-dir', str(work_dir), '--resume', 'auto']
+        self.process = _context().Process(target=_run_cli, args=(argv, log_path), daemon=False)
+        self.process.start()
+        self.pid = self.process.pid
+        _STARTED.append(self)
+
+    @property
+    def returncode(self):
+        return self.process.exitcode
 
     def poll(self):
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
+        return self.process.exitcode
 
     def wait(self, timeout=None):
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                self.send_signal(9)
-                raise AssertionError(f'forked training did not finish in {timeout} s')
-            time.sleep(0.01)
-        return self.returncode
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+            raise AssertionError(f'forked training did not finish in {timeout} s')
+        return self.process.exitcode
 
     def send_signal(self, signum):
-        if self.returncode is None:
-            os.kill(self.pid, signum)
+        if self.process.exitcode is None:
+            os.kill(self.process.pid, signum)
+
+    def kill(self):
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
 
     def output(self):
-        """What the child wrote to file descriptors 1 and 2 (tracebacks; the trainer's own
-        log is in the work dir)."""
+        """What the child wrote to stdout and stderr (tracebacks; the trainer's own log is in
+        the work dir)."""
         with open(self.log_path, errors='replace') as f:
             return f.read()

@@ -13,8 +13,15 @@ from hookloop import Hook, Trainer
 from hookloop.checkpoint import load_checkpoint, read_pointer
 from hookloop.errors import ConfigError
 from hookloop.hooks import PreemptionHook
-from resume_helpers import ForkedRun, assert_states_equal, comparable, launch, reference_run, write_config
+from resume_helpers import (ForkedRun, assert_states_equal, comparable, kill_leftovers, launch, reference_run,
+                            write_config)
 
+
+
+@pytest.fixture(autouse=True)
+def no_stray_processes():
+    yield
+    kill_leftovers()
 
 class SignalAt(Hook):
     """Sends ``signum`` to this process in the middle of iteration ``at`` (0-based)."""
@@ -61,6 +68,7 @@ def test_preemption_hook_refuses_unknown_signals():
         PreemptionHook(signals=['SIGTERM', 'SIGFOO'])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigterm_to_cli_process_saves_exits_zero_and_resume_auto_finishes_exactly(tmp_path):
     config = write_config(tmp_path, delay=0.01, max_epochs=4, interval=1000)  # ~0.1 s per iteration

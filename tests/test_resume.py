@@ -61,6 +61,7 @@ def run(trainer):
     return final_state(trainer)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_resume_mid_epoch_and_epoch_boundary_with_workers_matches_uninterrupted_run(tmp_path):
     # Shuffling, dropout, augmentation in two data-loader workers, momentum SGD, EMA.
@@ -145,6 +146,7 @@ def test_resumed_iterator_reproduces_every_augmentation(tmp_path):
 _HAS_FULL_OPTIMIZER = 'precision' in inspect.signature(OptimizerHook).parameters
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _HAS_FULL_OPTIMIZER, reason="OptimizerHook has no 'precision' argument yet "
                     '(fp16 scaler and accumulation state come with the optimizer branch)')
 @pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from hookloop.checkpoint import load_checkpoint, read_pointer
-from resume_helpers import ForkedRun, assert_states_equal, comparable, reference_run, write_config
+from resume_helpers import ForkedRun, assert_states_equal, comparable, kill_leftovers, reference_run, write_config
 
 
 def wait_for(condition, process, timeout=120, step=0.002):
@@ -27,6 +27,13 @@ def wait_for(condition, process, timeout=120, step=0.002):
         time.sleep(step)
     raise AssertionError('timed out waiting for the training process')
 
+
+
+@pytest.mark.slow
+@pytest.fixture(autouse=True)
+def no_stray_processes():
+    yield
+    kill_leftovers()
 
 @pytest.mark.timeout(300)
 def test_sigkill_at_random_points_then_resume_auto_matches_uninterrupted_run(tmp_path):
@@ -56,6 +63,7 @@ def test_sigkill_at_random_points_then_resume_auto_matches_uninterrupted_run(tmp
     assert_states_equal(comparable(final), comparable(load_checkpoint(read_pointer(str(reference.work_dir)))))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_while_a_100mb_checkpoint_is_being_written_then_resume(tmp_path):
     big = 25_000_000  # float32 values: 100 MB per checkpoint
