@@ -17,11 +17,11 @@ from resume_helpers import (ForkedRun, assert_states_equal, comparable, kill_lef
                             write_config)
 
 
-
 @pytest.fixture(autouse=True)
 def no_stray_processes():
     yield
     kill_leftovers()
+
 
 class SignalAt(Hook):
     """Sends ``signum`` to this process in the middle of iteration ``at`` (0-based)."""

@@ -28,13 +28,13 @@ def wait_for(condition, process, timeout=120, step=0.002):
     raise AssertionError('timed out waiting for the training process')
 
 
-
-@pytest.mark.slow
 @pytest.fixture(autouse=True)
 def no_stray_processes():
     yield
     kill_leftovers()
 
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sigkill_at_random_points_then_resume_auto_matches_uninterrupted_run(tmp_path):
     config = write_config(tmp_path, delay=0.004, max_epochs=4)  # 20 iterations, a checkpoint after each
