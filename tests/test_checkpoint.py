@@ -119,8 +119,8 @@ def test_retention_with_save_best_never_removes_best_or_latest(tmp_path):
     accuracy = [0.5, 0.875, 0.625, 0.75, 0.25]  # best after epoch 2
     trainer = train(make_trainer(
         tmp_path, epochs=5, checkpoint=dict(interval=1, max_keep_ckpts=2, save_best='accuracy'),
-        val_dataloader=DataLoader(regression_data(8), batch_size=8), val_evaluator=scripted_metric('accuracy', accuracy),
-        evaluation=dict(interval=1)))
+        val_dataloader=DataLoader(regression_data(8), batch_size=8),
+        val_evaluator=scripted_metric('accuracy', accuracy), evaluation=dict(interval=1)))
     names = sorted(n for n in os.listdir(tmp_path) if n.endswith('.pth'))
     assert names == ['best_accuracy_epoch_2.pth', 'epoch_4.pth', 'epoch_5.pth']
     assert read_pointer(tmp_path) == str(tmp_path / 'epoch_5.pth')
