@@ -67,6 +67,8 @@ class EMAHook(Hook):
         self._model = trainer.model
         self._parameters = dict(trainer.model.named_parameters())
         self.averages = {name: p.detach().clone() for name, p in self._parameters.items()}
+        # Fixed pairs: loading a checkpoint copies into these tensors, it never replaces them.
+        self._pairs = ([self.averages[n] for n in self._parameters], list(self._parameters.values()))
         if self.resume_from is not None:
             trainer.resume(self.resume_from)
 
@@ -74,9 +76,7 @@ class EMAHook(Hook):
         step = trainer.iter
         if step % self.interval != 0:
             return
-        names = list(self.averages)
-        ema_update([self.averages[n] for n in names], [self._parameters[n] for n in names],
-                   ema_momentum(self.momentum, self.warm_up, step))
+        ema_update(*self._pairs, ema_momentum(self.momentum, self.warm_up, step))
 
     # -- evaluation with the averages --------------------------------------------------------
     def before_val_epoch(self, trainer):
