@@ -3,9 +3,11 @@
 A checkpoint is a dict of tensors and plain containers, so
 ``torch.load(weights_only=True)`` reads it and a stranger's file runs no code.
 """
+import glob
 import os
 import pickle
 import random
+import re
 import tempfile
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 from .errors import CheckpointError
 
 POINTER_NAME = 'last_checkpoint'
+TMP_SUFFIX = '.tmp'
 
 
 def _fsync_dir(directory):
@@ -31,7 +34,7 @@ def atomic_write(path, write):
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to
     ``path``. On any error the temporary file is removed and ``path`` is untouched."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix='.tmp', dir=directory)
+    fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=TMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, 'wb') as file:
             write(file)
@@ -51,15 +54,52 @@ def save_checkpoint(checkpoint, path):
     """Write ``checkpoint`` to ``path`` atomically; CheckpointError on I/O failure."""
     try:
         atomic_write(path, lambda f: torch.save(checkpoint, f))
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
         raise CheckpointError(f'could not write checkpoint {path}: {exc.strerror or exc}; '
                               'the previous checkpoint is kept') from exc
 
 
 def update_pointer(work_dir, checkpoint_path):
-    """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically)."""
+    """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically).
+
+    Called only after the checkpoint itself is renamed into place, so the pointer
+    always names a complete file."""
     target = os.path.abspath(checkpoint_path)
-    atomic_write(os.path.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
+    try:
+        atomic_write(os.path.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
+    except OSError as exc:
+        raise CheckpointError(f'could not update {os.path.join(work_dir, POINTER_NAME)}: '
+                              f'{exc.strerror or exc}; it still names the previous checkpoint') from exc
+
+
+def remove_stale_temporaries(directory):
+    """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
+
+    Only rank 0 of the run that owns ``directory`` should call this, before it saves."""
+    removed = []
+    for path in glob.glob(os.path.join(glob.escape(directory), '.*' + TMP_SUFFIX)):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def save_safetensors(state_dict, path):
+    """Export tensors (weights only, no code, no pickle) to ``path`` atomically."""
+    try:
+        from safetensors.torch import save as safetensors_bytes
+    except ImportError:
+        raise CheckpointError('safetensors export needs the safetensors package (pip install safetensors)') from None
+    # safetensors refuses shared or non-contiguous storage; a private contiguous copy
+    # of each tensor is what a weights file should hold anyway.
+    tensors = {key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
+               if hasattr(value, 'detach')}
+    try:
+        atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
+    except OSError as exc:
+        raise CheckpointError(f'could not write {path}: {exc.strerror or exc}') from exc
 
 
 def read_pointer(work_dir):
@@ -83,8 +123,10 @@ def load_checkpoint(path, map_location='cpu'):
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise CheckpointError(f'refusing to load {path!r}: it holds objects that would need arbitrary '
-                              f'code to unpickle (weights_only load failed: {str(exc).splitlines()[0]})') from None
+        found = re.search(r'GLOBAL (\S+)', str(exc))
+        what = f' (it references {found.group(1)})' if found else ''
+        raise CheckpointError(f'refusing to load {path!r}: it holds objects that would need arbitrary code to '
+                              f'unpickle{what}; hookloop loads checkpoints with weights_only=True only') from None
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
         raise CheckpointError(f'{path!r} is not a readable checkpoint: {str(exc).splitlines()[0]}') from None
     if not isinstance(checkpoint, dict):
@@ -112,8 +154,10 @@ def set_rng_state(state):
     python = state['python']
     random.setstate((python['version'], tuple(python['state']), python['gauss']))
     numpy = state['numpy']
-    np.random.set_state((numpy['name'], numpy['keys'].numpy().astype(np.uint32), numpy['pos'],
+    # A checkpoint loaded with map_location='cuda' has its RNG tensors on the GPU;
+    # the generators take CPU byte tensors.
+    np.random.set_state((numpy['name'], numpy['keys'].cpu().numpy().astype(np.uint32), numpy['pos'],
                          numpy['has_gauss'], numpy['cached_gaussian']))
-    torch.set_rng_state(state['torch'])
+    torch.set_rng_state(state['torch'].cpu())
     if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state['cuda']])

@@ -581,6 +581,9 @@ class Trainer:
             if path is None:
                 self.logger.info('no last_checkpoint in %s: starting a new run', self.work_dir)
                 return
+            if not os.path.isfile(path):
+                raise CheckpointError(f'{os.path.join(self.work_dir, "last_checkpoint")} names {path!r}, '
+                                      'which does not exist (moved or deleted?)')
         if path is not None:
             self.resume(path)
 
@@ -597,6 +600,9 @@ class Trainer:
             if 'optimizer' in checkpoint and self.optimizer is not None:
                 self.optimizer.load_state_dict(checkpoint['optimizer'])
         meta = checkpoint['meta']
+        if meta.get('world_size', self.world_size) != self.world_size:  # the sharding of each epoch changes
+            self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
+                                'from the original run', path, meta['world_size'], self.world_size)
         self.epoch, self.iter, self.inner_iter = meta['epoch'], meta['iter'], meta['inner_iter']
         self.seed = meta.get('seed', self.seed)
         saved_states = checkpoint.get('hooks', {})

@@ -1,64 +1,142 @@
-"""CheckpointHook: saves checkpoints on an interval and keeps the newest few."""
+"""CheckpointHook: saves checkpoints on an interval, keeps the newest few and the best one."""
 import os
 
-from ..errors import ConfigError
+from ..best_checkpoint import BestCheckpoint
+from ..checkpoint import read_pointer, remove_stale_temporaries, save_safetensors
+from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
 from .base import Hook
 
 
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @HOOKS.register_module()
 class CheckpointHook(Hook):
-    """Saves ``epoch_{n}.pth`` / ``iter_{n}.pth`` (n = completed epochs / iterations).
+    """Saves ``epoch_{n}.pth`` / ``iter_{n}.pth`` (n = completed epochs / iterations) and
+    moves ``<work_dir>/last_checkpoint`` to each.
 
     Args:
-        interval: save every ``interval`` epochs (``by_epoch``) or iterations; -1 only at the end.
-        by_epoch: count ``interval`` in epochs or iterations.
+        interval: save every ``interval`` epochs (``by_epoch``) or iterations; -1: only the last.
+        by_epoch: count ``interval`` in epochs (True) or iterations (False).
         save_optimizer: include the optimizer state (needed for exact resume).
-        out_dir: where to save (default: the work dir).
+        out_dir: where to save; relative paths are inside the work dir (default: the work dir).
+            The ``last_checkpoint`` pointer stays in the work dir.
         max_keep_ckpts: keep only this many of the newest interval checkpoints (-1 keeps all).
+            The latest checkpoint and the best one are never deleted.
         save_last: also save after the last epoch / iteration.
+        save_best: a metric name in ``trainer.metrics`` (set by evaluation), or ``'auto'`` for
+            the first metric. Each time a new evaluation improves it, the checkpoint at that
+            point is kept as ``best_<metric>_epoch_{n}.pth`` / ``best_<metric>_iter_{n}.pth``
+            (the previous best file is removed).
+        rule: ``'greater'`` or ``'less'``: which way ``save_best`` improves. Inferred for
+            common names (acc, top1, mAP, f1, ... -> greater; loss, error, mse, ... -> less).
+        export_safetensors: also write the weights beside each checkpoint as ``.safetensors``:
+            ``True``/``'model'`` the model's weights, ``'ema'`` the EMA weights (needs an EMAHook).
     """
 
     PRIORITY = Priority.NORMAL
     ROLE = 'checkpoint'
 
     def __init__(self, interval=-1, by_epoch=True, save_optimizer=True, out_dir=None, max_keep_ckpts=-1,
-                 save_last=True):
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval == 0 or interval < -1:
+                 save_last=True, save_best=None, rule=None, export_safetensors=False):
+        if not _is_int(interval) or interval == 0 or interval < -1:
             raise ConfigError(f'CheckpointHook interval must be a positive int or -1, got {interval!r}')
-        if isinstance(max_keep_ckpts, bool) or not isinstance(max_keep_ckpts, int) or \
-                max_keep_ckpts == 0 or max_keep_ckpts < -1:
+        if not _is_int(max_keep_ckpts) or max_keep_ckpts == 0 or max_keep_ckpts < -1:
             raise ConfigError(f'CheckpointHook max_keep_ckpts must be a positive int or -1, got {max_keep_ckpts!r}')
+        if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+            raise ConfigError(f'CheckpointHook out_dir must be a path, got {out_dir!r}')
+        self.best = BestCheckpoint('CheckpointHook', save_best, rule) if save_best is not None else None
+        if export_safetensors not in (False, True, 'model', 'ema'):
+            raise ConfigError("CheckpointHook export_safetensors must be False, True, 'model' or 'ema', "
+                              f'got {export_safetensors!r}')
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
-        self.saved = []
+        self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
+        self.saved = []          # interval checkpoints, oldest first
+        self._capture = None     # set while this hook saves: receives the checkpoint dict
+
+    # -- stages ------------------------------------------------------------------------------
+    def before_run(self, trainer):
+        self.directory = os.path.join(trainer.work_dir, self.out_dir) if self.out_dir else trainer.work_dir
+        if trainer.rank == 0:
+            os.makedirs(self.directory, exist_ok=True)
+            for path in remove_stale_temporaries(self.directory):
+                trainer.logger.info('removed %s, left by a save that was interrupted', path)
 
     def after_train_epoch(self, trainer):
+        name = f'epoch_{trainer.epoch + 1}.pth'
+        self._track_best(trainer, name)
         if self.by_epoch and (self.every_n_epochs(trainer, self.interval) or
                               (self.save_last and self.is_last_epoch(trainer))):
-            self._save(trainer, f'epoch_{trainer.epoch + 1}.pth')
+            self._save(trainer, name)
 
     def after_train_iter(self, trainer):
+        name = f'iter_{trainer.iter + 1}.pth'
+        self._track_best(trainer, name)
         if not self.by_epoch and (self.every_n_iters(trainer, self.interval) or
                                   (self.save_last and self.is_last_iter(trainer))):
-            self._save(trainer, f'iter_{trainer.iter + 1}.pth')
+            self._save(trainer, name)
+
+    def before_save_checkpoint(self, trainer, checkpoint):
+        # EMA and other hooks run earlier in this stage (ordering constraint), so the
+        # dict already holds their entries (``ema_state_dict``) when we look.
+        if self._capture is not None:
+            self._capture.append(checkpoint)
+
+    # -- saving ----------------------------------------------------------------------------
+    def _write(self, trainer, path, update_last):
+        self._capture = []
+        try:
+            trainer.save_checkpoint(path, save_optimizer=self.save_optimizer, update_last=update_last)
+            checkpoint = self._capture[0] if self._capture else None
+        finally:
+            self._capture = None
+        if self.export is not None and trainer.rank == 0 and checkpoint is not None:
+            key = 'state_dict' if self.export == 'model' else 'ema_state_dict'
+            if key not in checkpoint:
+                raise CheckpointError(f"CheckpointHook export_safetensors='ema': the checkpoint has no "
+                                      f'{key!r}; register an EMAHook')
+            save_safetensors(checkpoint[key], os.path.splitext(path)[0] + '.safetensors')
 
     def _save(self, trainer, filename):
-        path = os.path.join(self.out_dir or trainer.work_dir, filename)
+        path = os.path.join(self.directory, filename)
         if path in self.saved:
             return
-        trainer.save_checkpoint(path, save_optimizer=self.save_optimizer)
+        self._write(trainer, path, update_last=True)
         self.saved.append(path)
         trainer.logger.info('saved checkpoint %s', path)
-        if self.max_keep_ckpts > 0 and trainer.rank == 0:
-            while len(self.saved) > self.max_keep_ckpts:
-                old = self.saved.pop(0)
-                if os.path.exists(old):
-                    os.remove(old)
+        self._remove_old(trainer)
 
+    def _remove_old(self, trainer):
+        if self.max_keep_ckpts < 0 or trainer.rank != 0:
+            return
+        latest = read_pointer(trainer.work_dir)
+        best = self.best.path if self.best is not None else None
+        protected = {os.path.abspath(p) for p in (latest, best, self.saved[-1]) if p}
+        while len(self.saved) > self.max_keep_ckpts:
+            old = self.saved.pop(0)
+            if os.path.abspath(old) in protected:
+                continue
+            for victim in (old, os.path.splitext(old)[0] + '.safetensors'):
+                if os.path.exists(victim):
+                    os.remove(victim)
+
+    def _track_best(self, trainer, filename):
+        if self.best is not None:
+            self.best.update(trainer, self.directory, filename,
+                             lambda path: self._write(trainer, path, update_last=False))
+
+    # -- state -------------------------------------------------------------------------------
     def state_dict(self):
-        return {'saved': list(self.saved)}
+        state = {'saved': list(self.saved)}
+        if self.best is not None:
+            state.update(self.best.state_dict())
+        return state
 
     def load_state_dict(self, state):
         self.saved = list(state.get('saved', []))
+        if self.best is not None:
+            self.best.load_state_dict(state)

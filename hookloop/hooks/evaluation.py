@@ -1,4 +1,5 @@
 """EvaluationHook: runs the validation loop on an interval."""
+from ..best_checkpoint import BestCheckpoint
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
@@ -15,15 +16,19 @@ class EvaluationHook(Hook):
         interval: how often to evaluate.
         by_epoch: count ``interval`` in epochs (True) or iterations.
         start: evaluate only from this epoch / iteration count on.
+        save_best, rule: as MMCV's ``EvalHook``: keep the checkpoint with the best value of
+            this metric in the work dir (see ``CheckpointHook(save_best=...)``, which does
+            the same and can put it in ``out_dir``).
     """
 
     PRIORITY = Priority.LOW
     ROLE = 'evaluation'
 
-    def __init__(self, interval=1, by_epoch=True, start=None):
+    def __init__(self, interval=1, by_epoch=True, start=None, save_best=None, rule=None):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ConfigError(f'EvaluationHook interval must be a positive int, got {interval!r}')
         self.interval, self.by_epoch, self.start = interval, by_epoch, start
+        self.best = BestCheckpoint('EvaluationHook', save_best, rule) if save_best is not None else None
 
     def _due(self, completed, is_last):
         if self.start is not None and completed < self.start:
@@ -33,7 +38,21 @@ class EvaluationHook(Hook):
     def after_train_epoch(self, trainer):
         if self.by_epoch and self._due(trainer.epoch + 1, self.is_last_epoch(trainer)):
             trainer.val()
+            self._keep_best(trainer, f'epoch_{trainer.epoch + 1}.pth')
 
     def after_train_iter(self, trainer):
         if not self.by_epoch and self._due(trainer.iter + 1, self.is_last_iter(trainer)):
             trainer.val()
+            self._keep_best(trainer, f'iter_{trainer.iter + 1}.pth')
+
+    def _keep_best(self, trainer, filename):
+        if self.best is not None:
+            self.best.update(trainer, trainer.work_dir, filename,
+                             lambda path: trainer.save_checkpoint(path, update_last=False))
+
+    def state_dict(self):
+        return self.best.state_dict() if self.best is not None else {}
+
+    def load_state_dict(self, state):
+        if self.best is not None:
+            self.best.load_state_dict(state)

@@ -12,6 +12,7 @@ ORDER_CONSTRAINTS = (
     ('lr', 'optimizer'),            # the step uses this iteration's learning rate
     ('momentum', 'optimizer'),
     ('invalid_loss', 'optimizer'),  # a bad loss is caught before it reaches the weights
+    ('optimizer', 'ema'),           # the average takes in this iteration's step
     ('ema', 'evaluation'),          # evaluation may use the averaged weights
     ('ema', 'checkpoint'),          # the checkpoint holds the up-to-date average
     ('evaluation', 'checkpoint'),   # save_best needs this round's metric

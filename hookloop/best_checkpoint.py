@@ -1,0 +1,97 @@
+"""Keeping the checkpoint with the best value of one metric (``save_best``).
+
+Shared by ``CheckpointHook(save_best=...)`` and ``EvaluationHook(save_best=...)`` (MMCV's
+``EvalHook`` has the argument, so MMCV configs use it there); each hook owns its own
+instance and state.
+"""
+import os
+
+from .errors import ConfigError
+
+# Substrings of metric names whose larger / smaller value is better (case-insensitive),
+# used when ``rule`` is not given. 'less' is checked first: 'top1_err' is an error.
+_LESS_IS_BETTER = ('loss', 'err', 'mse', 'mae', 'rmse', 'perplexity', 'wer', 'cer')
+_GREATER_IS_BETTER = ('acc', 'top', 'ar@', 'auc', 'precision', 'recall', 'f1', 'map', 'dice', 'iou', 'psnr',
+                      'ssim', 'bleu', 'rouge', 'score')
+
+
+def infer_rule(metric):
+    """'greater' or 'less' for a common metric name, else None."""
+    name = metric.lower()
+    if any(key in name for key in _LESS_IS_BETTER):
+        return 'less'
+    if any(key in name for key in _GREATER_IS_BETTER):
+        return 'greater'
+    return None
+
+
+class BestCheckpoint:
+    """Writes ``best_<metric>_<epoch_n|iter_n>.pth`` whenever a new evaluation improves the
+    metric, and removes the previous best file.
+
+    Args:
+        owner: the hook's name, for error messages.
+        save_best: a key of ``trainer.metrics``, or ``'auto'`` for the first key.
+        rule: ``'greater'`` / ``'less'``; inferred from the name when None.
+    """
+
+    def __init__(self, owner, save_best, rule=None):
+        if not isinstance(save_best, str) or not save_best:
+            raise ConfigError(f'{owner} save_best must be a metric name or "auto", got {save_best!r}')
+        if rule not in (None, 'greater', 'less'):
+            raise ConfigError(f"{owner} rule must be 'greater' or 'less', got {rule!r}")
+        if save_best != 'auto' and rule is None:
+            rule = infer_rule(save_best)
+            if rule is None:
+                raise ConfigError(f'{owner} cannot tell whether a larger {save_best!r} is better; '
+                                  "give rule='greater' or rule='less'")
+        self.owner, self.save_best, self.rule = owner, save_best, rule
+        self.score = None  # a float once an evaluation was seen
+        self.path = None
+        self._seen = None
+
+    def update(self, trainer, directory, filename, write):
+        """Look at ``trainer.metrics``; when they are new and better, ``write(path)`` the best
+        checkpoint as ``<directory>/best_<metric>_<filename>``. Returns True when it did."""
+        metrics = trainer.metrics
+        # trainer.val() stores a new dict each time: the same object means no new evaluation,
+        # so nothing is read (and no device value synced) on the other iterations.
+        if not metrics or metrics is self._seen:
+            return False
+        self._seen = metrics
+        key = self._key(metrics)
+        score = float(metrics[key])
+        if self.score is not None and not (score > self.score if self.rule == 'greater' else score < self.score):
+            return False
+        previous = self.path
+        self.score = score
+        self.path = os.path.join(directory, f'best_{key}_{filename}')
+        write(self.path)
+        if trainer.rank == 0 and previous and previous != self.path:
+            for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
+                if os.path.exists(victim):
+                    os.remove(victim)
+        trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
+        return True
+
+    def _key(self, metrics):
+        if self.save_best == 'auto':
+            key = next(iter(metrics))
+            if self.rule is None:
+                self.rule = infer_rule(key)
+                if self.rule is None:
+                    raise ConfigError(f"{self.owner} save_best='auto' picked metric {key!r} but cannot tell "
+                                      "whether larger is better; give save_best=NAME and rule='greater'|'less'")
+            return key
+        if self.save_best not in metrics:
+            raise ConfigError(f'{self.owner} save_best={self.save_best!r} is not among the evaluation metrics '
+                              f'{sorted(metrics)}')
+        return self.save_best
+
+    def state_dict(self):
+        return {'best_score': self.score, 'best_path': self.path, 'rule': self.rule}
+
+    def load_state_dict(self, state):
+        self.score = state.get('best_score')
+        self.path = state.get('best_path')
+        self.rule = self.rule or state.get('rule')
