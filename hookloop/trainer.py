@@ -141,6 +141,9 @@ class Trainer:
         # Set by hooks: wraps the forward (autocast, DDP no_sync). Called each step.
         self.forward_context = contextlib.nullcontext
         self.val_forward_context = contextlib.nullcontext
+        # Set by a hook in after_train_iter (CheckInvalidLossHook) to drop this iteration's update;
+        # the optimizer hook honours and clears it (docs/optimizer.md).
+        self.skip_step = False
 
         self._hook_entries = []  # (priority, registration index, hook)
         self._dispatch = None
@@ -517,7 +520,7 @@ class Trainer:
         epoch, it, inner_iter = self.checkpoint_position()
         checkpoint = {
             'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
-                     'hookloop_version': __version__, 'torch_version': torch.__version__,
+                     'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
             'state_dict': self.model.state_dict(),

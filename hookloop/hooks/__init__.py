@@ -3,8 +3,10 @@ from .base import STAGES, Hook
 from .checkpoint import CheckpointHook
 from .evaluation import EvaluationHook
 from .loggers import TextLoggerHook
-from .optimizer import OptimizerHook, OptimizerProcessor
+from .invalid_loss import CheckInvalidLossHook
+from .optimizer import Fp16OptimizerHook, GradientCumulativeOptimizerHook, OptimizerHook, OptimizerProcessor
 from .timer import IterTimerHook
 
-__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'EvaluationHook', 'IterTimerHook', 'OptimizerHook',
+__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'Fp16OptimizerHook',
+           'GradientCumulativeOptimizerHook', 'EvaluationHook', 'IterTimerHook', 'OptimizerHook',
            'OptimizerProcessor', 'TextLoggerHook']
