@@ -346,3 +346,37 @@ def test_resume_inside_accumulation_window_matches_uninterrupted_run(tmp_path, p
           resume_from=str(tmp_path / 'a' / 'mid.pth'))
     assert_same_weights(second, full)
     assert all(math.isfinite(v.abs().max().item()) for v in full.state_dict().values())
+
+
+# -- no hidden host sync ---------------------------------------------------------------------
+class SyncCounter(OptimizerProcessor):
+    """Counts tensor -> Python conversions (the host syncs on a GPU) made during backward/step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.syncs = 0
+
+    def backward(self, trainer, loss_keys, cumulative_iters, grad_clip):
+        patched = {name: getattr(torch.Tensor, name) for name in ('item', 'tolist', '__bool__', '__float__')}
+
+        def counting(original):
+            def wrapper(*args, **kwargs):
+                self.syncs += 1
+                return original(*args, **kwargs)
+            return wrapper
+        try:
+            for name, original in patched.items():
+                setattr(torch.Tensor, name, counting(original))
+            super().backward(trainer, loss_keys, cumulative_iters, grad_clip)
+        finally:
+            for name, original in patched.items():
+                setattr(torch.Tensor, name, original)
+
+
+@pytest.mark.parametrize('precision, syncs_per_step', [(None, 0), ('bf16', 0), ('fp16', 1)])
+def test_no_host_sync_per_step_except_the_documented_fp16_one(tmp_path, precision, syncs_per_step):
+    hook = OptimizerHook(cumulative_iters=2, grad_clip=dict(max_norm=0.5), precision=precision)
+    hook.set_processor(SyncCounter(precision))
+    train(tmp_path, Regressor(), regression_data(n=40), optimizer_config=hook)
+    steps = 2 * 3  # windows [0,1] [2,3] [4] in each of 2 epochs
+    assert hook.processor.syncs == syncs_per_step * steps
