@@ -145,3 +145,23 @@ def test_unknown_loss_key_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"loss_keys \['loss_cls'\] are not in the model outputs \['loss'\]"):
         trainer.train()
     trainer.close()
+
+
+def test_rollback_keeps_the_current_learning_rate(tmp_path):
+    from hookloop import Hook
+
+    class HalveEachEpoch(Hook):
+        def before_train_epoch(self, trainer):
+            for group in trainer.optimizer.param_groups:
+                group['lr'] = 0.05 / (trainer.epoch + 1)
+
+    model = Regressor()
+    # snapshots before iterations 0, 4, 8: the one of iteration 8 (epoch 2) is not yet good when
+    # its loss is NaN, so the state rolls back to iteration 4, in epoch 1 (lr 0.05)
+    trainer = make_trainer(tmp_path, model, CheckInvalidLossHook(interval=4, on_invalid='rollback'))
+    trainer.register_hook(HalveEachEpoch())
+    trainer.train()
+    trainer.close()
+    log = open(next(tmp_path.glob('*.log'))).read()
+    assert 'back to their state before iteration 5' in log
+    assert trainer.optimizer.param_groups[0]['lr'] == 0.025 and all_finite(model)

@@ -96,8 +96,12 @@ class CheckInvalidLossHook(Hook):
                 raise InvalidLossError(f'loss is not finite at {where}: {values}; no good state to roll back to')
             good_iter, state = self._good
             trainer.model.load_state_dict(state['model'])
+            # keep the schedule where it is now: lr, momentum... are the LR/momentum hooks' business
+            settings = [{k: v for k, v in group.items() if k != 'params'} for group in trainer.optimizer.param_groups]
             # a deep copy: the optimizer would otherwise share (and update) the snapshot's tensors
             trainer.optimizer.load_state_dict(copy.deepcopy(state['optimizer']))
+            for group, current in zip(trainer.optimizer.param_groups, settings):
+                group.update(current)
             trainer.logger.warning('loss is not finite at %s: %s; rolled model and optimizer back to their state '
                                    'before iteration %d and dropped this update', where, values, good_iter + 1)
         else:
