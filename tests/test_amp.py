@@ -209,3 +209,13 @@ def test_cuda_amp_matches_plain_loop(tmp_path, precision, dtype):
     scaler = torch.amp.GradScaler('cuda', init_scale=2. ** 24, growth_interval=3) if precision == 'fp16' else None
     plain_amp_loop(reference, dtype, device='cuda', scaler=scaler)
     assert_same_weights(model, reference)
+
+
+def test_validation_forward_uses_the_same_autocast(tmp_path):
+    model = Regressor()
+    trainer = train(tmp_path, model, dict(precision='bf16'), epochs=1)
+    with trainer.val_forward_context():
+        prediction = model(torch.ones(2, 4))
+    assert prediction.dtype == torch.bfloat16
+    with trainer.forward_context():  # the train forward too
+        assert torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16
