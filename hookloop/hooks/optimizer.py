@@ -129,6 +129,7 @@ class OptimizerProcessor:
         self._skip_window = False  # the current window holds a dropped iteration: no step at its end
         self._pending_state = None  # a state loaded before the optimizer was known
         self._reported_unused = set()
+        self._ddp = False
         self._contexts = {True: contextlib.nullcontext, False: contextlib.nullcontext}
 
     # -- set-up ----------------------------------------------------------------------------
@@ -149,6 +150,8 @@ class OptimizerProcessor:
         if autocast is not None:
             trainer.val_forward_context = autocast
         self._contexts = self._forward_contexts(trainer.wrapped_model, autocast)
+        self._ddp = isinstance(trainer.wrapped_model, torch.nn.parallel.DistributedDataParallel) and \
+            torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         self.optimizer.zero_grad(set_to_none=True)
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
@@ -249,7 +252,21 @@ class OptimizerProcessor:
             if any(g is not None for g in grads):
                 # cloned: the next backward adds into .grad in place
                 state['grads'] = [None if g is None else g.detach().clone() for g in grads]
+                if self._ddp:
+                    self._average_across_ranks(state['grads'])
         return state
+
+    @staticmethod
+    def _average_across_ranks(grads):
+        """Inside a window DDP has not reduced yet (no_sync): each rank holds its own partial sum
+        and only rank 0's checkpoint is written. DDP averages at the window end and averaging is
+        linear, so the average of the partial sums, loaded on every rank, gives the same step (up
+        to summation order). A collective: every rank must take the state (save_checkpoint does)."""
+        world_size = torch.distributed.get_world_size()
+        for grad in grads:
+            if grad is not None:
+                torch.distributed.all_reduce(grad)
+                grad.div_(world_size)
 
     def load_state_dict(self, state):
         self._pending_state = dict(state)
