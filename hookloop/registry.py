@@ -113,7 +113,7 @@ class Registry:
             raise ConfigError(f'{self.name} config "type" must be a name or a class, got {kind!r}')
         for key, value in default_args.items():
             kwargs.setdefault(key, value)
-        label = kind if isinstance(kind, str) else getattr(kind, '__name__', repr(kind))
+        label = getattr(target, '__name__', kind if isinstance(kind, str) else repr(kind))
         check_call_arguments(target, kwargs, what=label)
         try:
             return target(**kwargs)

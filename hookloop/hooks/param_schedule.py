@@ -1,0 +1,214 @@
+"""The shared base of the LR and momentum updaters: when values are computed and set.
+
+MMCV 1.x timing, which both updaters keep:
+  * ``before_run``: the base value of each parameter group is read (``initial_lr`` /
+    ``initial_momentum`` in the group, set from the current value if absent);
+  * ``by_epoch=True``: the regular value is computed and set in ``before_train_epoch``;
+    ``before_train_iter`` only acts during warm-up, which is counted in iterations;
+  * ``by_epoch=False``: everything happens in ``before_train_iter``.
+The regular value is a pure function of (epoch or iteration, max), so resuming needs no state.
+"""
+import inspect
+import numbers
+
+from ..errors import ConfigError
+from ..schedules import WARMUP_KINDS
+from .base import Hook
+
+
+def check_number(owner, name, value, low=None, high=None, low_open=False, high_open=False, integer=False):
+    """Raise ConfigError naming ``owner.name`` unless ``value`` is a number in the range."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f'{owner}: {name} must be {"an int" if integer else "a number"}, got {value!r}')
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        if low == 0 and low_open and high is None:
+            raise ConfigError(f'{owner}: {name} must be positive, got {value!r}')
+        left = '(' if low_open else '['
+        right = ')' if high_open else ']'
+        raise ConfigError(f'{owner}: {name} must be in {left}{"-inf" if low is None else low}, '
+                          f'{"inf" if high is None else high}{right}, got {value!r}')
+    return value
+
+
+def check_step(owner, step):
+    """``step``: a positive int, or a strictly increasing list of positive ints."""
+    if isinstance(step, bool):
+        raise ConfigError(f'{owner}: step must be a positive int or an increasing list of them, got {step!r}')
+    if isinstance(step, int):
+        check_number(owner, 'step', step, low=0, low_open=True, integer=True)
+        return step
+    if not isinstance(step, (list, tuple)) or not step or \
+            not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in step):
+        raise ConfigError(f'{owner}: step must be a positive int or an increasing list of positive ints, '
+                          f'got {step!r}')
+    for before, after in zip(step, step[1:]):
+        if after <= before:
+            raise ConfigError(f'{owner}: step milestones must be strictly increasing, got {list(step)} '
+                              f'({after} follows {before})')
+    return list(step)
+
+
+def check_min_value(owner, name, min_value, min_ratio):
+    """Exactly one of ``min_<name>`` and ``min_<name>_ratio`` (MMCV's rule for annealing)."""
+    if (min_value is None) == (min_ratio is None):
+        got = 'both' if min_value is not None else 'neither'
+        raise ConfigError(f'{owner}: give exactly one of min_{name} and min_{name}_ratio (got {got}: '
+                          f'min_{name}={min_value!r}, min_{name}_ratio={min_ratio!r})')
+    if min_value is not None:
+        check_number(owner, f'min_{name}', min_value)
+    else:
+        check_number(owner, f'min_{name}_ratio', min_ratio)
+
+
+def check_anneal(owner, anneal_strategy):
+    if anneal_strategy not in ('cos', 'linear'):
+        raise ConfigError(f"{owner}: anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+    return anneal_strategy
+
+
+def check_target_ratio(owner, target_ratio):
+    """MMCV's forms: a number ``r`` means ``(r, r / 1e5)``; a 1-tuple likewise; else a pair."""
+    if isinstance(target_ratio, numbers.Real) and not isinstance(target_ratio, bool):
+        return (target_ratio, target_ratio / 1e5)
+    if isinstance(target_ratio, (list, tuple)) and len(target_ratio) in (1, 2) and \
+            all(isinstance(r, numbers.Real) and not isinstance(r, bool) for r in target_ratio):
+        if len(target_ratio) == 1:
+            return (target_ratio[0], target_ratio[0] / 1e5)
+        return tuple(target_ratio)
+    raise ConfigError(f'{owner}: target_ratio must be a number or a pair of numbers, got {target_ratio!r}')
+
+
+def per_group(owner, name, value, groups):
+    """A number -> one per parameter group; a list must have one per group."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return [value] * len(groups)
+    if isinstance(value, (list, tuple)) and len(value) == len(groups):
+        return list(value)
+    raise ConfigError(f'{owner}: {name} must be a number or a list of {len(groups)} numbers (one per '
+                      f'parameter group), got {value!r}')
+
+
+class ParamScheduleHook(Hook):
+    """Sets one value of every parameter group (the learning rate, the momentum) from a
+    schedule and an optional warm-up. Subclasses define ``get_value(trainer, base)``.
+
+    Args:
+        by_epoch: the schedule advances per epoch (else per iteration).
+        warmup: ``None``, ``'constant'``, ``'linear'`` or ``'exp'``.
+        warmup_iters: how long warm-up lasts, in iterations (in epochs with ``warmup_by_epoch``).
+        warmup_ratio: in (0, 1]; warm-up starts at ``ratio`` times the regular learning rate
+            (momentum: divided by it).
+        warmup_by_epoch: count ``warmup_iters`` in epochs (converted with the loader's length).
+    """
+
+    WARMUP_RATIO = 0.1
+    BY_ITER_ONLY = False  # Cyclic and OneCycle advance per iteration only
+
+    def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=None, warmup_by_epoch=False):
+        owner = type(self).__name__
+        if warmup_ratio is None:
+            warmup_ratio = self.WARMUP_RATIO
+        if not isinstance(by_epoch, bool):
+            raise ConfigError(f'{owner}: by_epoch must be True or False, got {by_epoch!r}')
+        if self.BY_ITER_ONLY and by_epoch:
+            raise ConfigError(f'{owner} works per iteration only: set by_epoch=False (as in MMCV)')
+        if warmup is not None:
+            if warmup not in WARMUP_KINDS:
+                raise ConfigError(f'{owner}: warmup must be None or one of {", ".join(map(repr, WARMUP_KINDS))}, '
+                                  f'got {warmup!r}')
+            check_number(owner, 'warmup_iters', warmup_iters, low=0, low_open=True, integer=True)
+            check_number(owner, 'warmup_ratio', warmup_ratio, low=0, high=1, low_open=True)
+        self.by_epoch = by_epoch
+        self.warmup = warmup
+        self.warmup_iters = warmup_iters
+        self.warmup_ratio = warmup_ratio
+        self.warmup_by_epoch = warmup_by_epoch
+        self.warmup_total = warmup_iters  # in iterations; set in before_run
+        self.base_values = []
+        self.regular_values = []
+
+    def __init_subclass__(cls, **kwargs):
+        # A policy's __init__ takes its own arguments and passes **kwargs to the base: publish
+        # the combined signature so config checks name a misspelt argument and suggest the
+        # right one (the registry reads it), instead of a bare TypeError from the base.
+        super().__init_subclass__(**kwargs)
+        own = inspect.signature(cls.__init__).parameters.values()
+        if not any(p.kind is p.VAR_KEYWORD for p in own):
+            return
+        params = [p for p in own if p.name != 'self' and p.kind is not p.VAR_KEYWORD]
+        names = {p.name for p in params}
+        for base in cls.__mro__[1:]:
+            if '__init__' in vars(base):
+                params += [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(base.__init__).parameters.values()
+                           if p.name != 'self' and p.name not in names and p.kind is not p.VAR_KEYWORD]
+                break
+        cls.__signature__ = inspect.Signature(params)
+
+    # -- what subclasses provide ------------------------------------------------------------
+    def get_value(self, trainer, base):
+        raise NotImplementedError
+
+    def read_base(self, trainer):
+        """The base value of each parameter group."""
+        raise NotImplementedError
+
+    def write(self, groups, values):
+        raise NotImplementedError
+
+    def warmup_values(self, cur_iter, regular):
+        raise NotImplementedError
+
+    def prepare(self, trainer):
+        """Called in before_run after the base values are read: check the run fits the schedule."""
+
+    # -- helpers ----------------------------------------------------------------------------
+    def progress(self, trainer):
+        """``(progress, max_progress)``: the epoch or the iteration, and their maximum."""
+        if self.by_epoch:
+            return trainer.epoch, trainer.max_epochs
+        return trainer.iter, trainer.max_iters
+
+    def regular(self, trainer):
+        return [self.get_value(trainer, base) for base in self.base_values]
+
+    # -- stages -----------------------------------------------------------------------------
+    def before_run(self, trainer):
+        if trainer.optimizer is None:
+            raise ConfigError(f'{type(self).__name__} needs an optimizer')
+        self.base_values = self.read_base(trainer)
+        self.warmup_total = self.warmup_iters * trainer.iters_per_epoch if self.warmup_by_epoch \
+            else self.warmup_iters
+        self.prepare(trainer)
+
+    def after_load_checkpoint(self, trainer, checkpoint):
+        # The optimizer state brings the saved initial values back; MMCV resumes before
+        # before_run, so the saved ones win there too.
+        self.base_values = self.read_base(trainer)
+
+    def before_train_epoch(self, trainer):
+        if not self.by_epoch:
+            return
+        self.regular_values = self.regular(trainer)
+        self.write(trainer.optimizer.param_groups, self.regular_values)
+
+    def before_train_iter(self, trainer):
+        cur_iter = trainer.iter
+        if not self.by_epoch:
+            self.regular_values = self.regular(trainer)
+            if self.warmup is None or cur_iter >= self.warmup_total:
+                self.write(trainer.optimizer.param_groups, self.regular_values)
+            else:
+                self.write(trainer.optimizer.param_groups, self.warmup_values(cur_iter, self.regular_values))
+        elif self.warmup is not None and cur_iter <= self.warmup_total:
+            # by epoch: the epoch's regular value is already set; warm-up scales it
+            if cur_iter == self.warmup_total:
+                self.write(trainer.optimizer.param_groups, self.regular_values)
+            else:
+                self.write(trainer.optimizer.param_groups, self.warmup_values(cur_iter, self.regular_values))
+
+
+__all__ = ['ParamScheduleHook', 'check_number', 'check_step', 'check_min_value', 'check_anneal',
+           'check_target_ratio', 'per_group']
