@@ -53,6 +53,40 @@ def _worker(rank, tmp):
         dist.destroy_process_group()
 
 
+def _invalid_loss_worker(rank, tmp):
+    from hookloop import Trainer
+    from conftest import Regressor, regression_data
+    dist.init_process_group('gloo', init_method=f'file://{tmp}/rendezvous', rank=rank, world_size=WORLD_SIZE)
+    try:
+        data = regression_data(n=80)
+        data.tensors[0][2 * 8 * 3 + 1, 0] = float('nan')  # on rank 1 only: the ranks take alternate samples
+        for policy in ('skip', 'rollback'):
+            torch.manual_seed(0)
+            model = Regressor()
+            trainer = Trainer(model, optimizer=dict(type='SGD', lr=0.05, momentum=0.9),
+                              train_dataloader=DataLoader(data, batch_size=8), max_epochs=2,
+                              work_dir=os.path.join(tmp, policy), seed=0, device='cpu', optimizer_config=dict(CFG),
+                              log_level='WARNING',
+                              custom_hooks=[dict(type='CheckInvalidLossHook', interval=2, on_invalid=policy)])
+            if not isinstance(trainer.wrapped_model, DistributedDataParallel):
+                trainer.wrapped_model = DistributedDataParallel(model)
+            trainer.train()
+            trainer.close()
+            torch.save(model.state_dict(), f'{tmp}/{policy}{rank}.pt')
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_invalid_loss_on_one_rank_drops_the_window_on_all(tmp_path):
+    # the bad batch opens window [3, 4] on rank 1: every rank must drop it (the verdict is all-reduced),
+    # or rank 0 would wait forever in the window-end all-reduce
+    mp.spawn(_invalid_loss_worker, args=(str(tmp_path),), nprocs=WORLD_SIZE, join=True)
+    for policy in ('skip', 'rollback'):
+        states = [torch.load(tmp_path / f'{policy}{r}.pt') for r in range(WORLD_SIZE)]
+        for name, value in states[0].items():
+            assert torch.isfinite(value).all() and torch.equal(value, states[1][name]), (policy, name)
+
+
 def test_ddp_resume_inside_accumulation_window_matches_uninterrupted_run(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD_SIZE, join=True)
     results = [torch.load(tmp_path / f'rank{r}.pt') for r in range(WORLD_SIZE)]
