@@ -172,7 +172,8 @@ def main():
                     hookloop(case, model, time_data, args.batch, work_dir, device)
                 times[name].append(run[0])
         plain_ms, hook_ms = (statistics.median(times[k]) * 1e3 for k in ('plain', 'hookloop'))
-        print(json.dumps({'case': case, 'device': torch.cuda.get_device_name() if device == 'cuda' else 'cpu', 'batch': args.batch,
+        name = torch.cuda.get_device_name() if device == 'cuda' else 'cpu'
+        print(json.dumps({'case': case, 'device': name, 'batch': args.batch,
                           'iters': args.iters, 'plain_ms': round(plain_ms, 3), 'hookloop_ms': round(hook_ms, 3),
                           'ratio': round(hook_ms / plain_ms, 4)}), flush=True)
     for failure in failures:

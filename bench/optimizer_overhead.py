@@ -128,7 +128,8 @@ def run(model_name, mode, rounds, iters, work_dir):
             results[name].append(median_gap_us(stamps, warmup))
     plain_us = statistics.median(results['plain'])
     hook_us = statistics.median(results['hookloop'])
-    return {'model': model_name, 'mode': mode, 'iters': iters, 'rounds': rounds, 'clock': CLOCK[0].__name__, 'plain_us': round(plain_us, 1),
+    return {'model': model_name, 'mode': mode, 'iters': iters, 'rounds': rounds, 'clock': CLOCK[0].__name__,
+            'plain_us': round(plain_us, 1),
             'hookloop_us': round(hook_us, 1), 'ratio': round(hook_us / plain_us, 4)}
 
 

@@ -243,8 +243,9 @@ class FakeDDP(nn.Module):
 
 @pytest.mark.parametrize('precision', [None, 'bf16'])
 def test_no_sync_inside_windows_combined_with_autocast(tmp_path, precision):
-    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.1), train_dataloader=DataLoader(regression_data(), 8),
-                      max_epochs=2, work_dir=tmp_path, seed=0, device='cpu',
+    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.1),
+                      train_dataloader=DataLoader(regression_data(), 8), max_epochs=2, work_dir=tmp_path, seed=0,
+                      device='cpu',
                       optimizer_config=dict(cumulative_iters=2, precision=precision))
     trainer.wrapped_model = FakeDDP(trainer.model)
     trainer.train()
@@ -282,9 +283,10 @@ class WithUnused(Regressor):
         self.unused = nn.Linear(2, 2)
 
 
-def test_detect_anomalous_params_logs_unused_parameters_once(tmp_path, caplog):
-    trainer = Trainer(WithUnused(), optimizer=dict(type='SGD', lr=0.1), train_dataloader=DataLoader(regression_data(), 8),
-                      max_epochs=2, work_dir=tmp_path, seed=0, device='cpu',
+def test_detect_anomalous_params_logs_unused_parameters_once(tmp_path):
+    trainer = Trainer(WithUnused(), optimizer=dict(type='SGD', lr=0.1),
+                      train_dataloader=DataLoader(regression_data(), 8), max_epochs=2, work_dir=tmp_path, seed=0,
+                      device='cpu',
                       optimizer_config=dict(detect_anomalous_params=True))
     trainer.train()
     trainer.close()

@@ -52,7 +52,8 @@ class CheckInvalidLossHook(Hook):
         if isinstance(loss_keys, str):
             loss_keys = [loss_keys]
         if loss_keys is not None and (not loss_keys or not all(isinstance(k, str) for k in loss_keys)):
-            raise ConfigError(f'CheckInvalidLossHook loss_keys must be None, a key or a list of keys, got {loss_keys!r}')
+            raise ConfigError('CheckInvalidLossHook loss_keys must be None, a key or a list of keys, '
+                              f'got {loss_keys!r}')
         self.interval, self.on_invalid, self.loss_keys = interval, on_invalid, loss_keys
         self._candidate = self._good = None  # rollback snapshots: (iteration, state)
 

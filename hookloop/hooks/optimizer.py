@@ -83,7 +83,8 @@ def check_grad_clip(grad_clip, owner='OptimizerHook'):
             raise ConfigError(f'{owner} grad_clip: clip_value (value clipping) takes no other keys, '
                               f'got {sorted(grad_clip)}')
         if not _positive_number(grad_clip['clip_value']):
-            raise ConfigError(f"{owner} grad_clip clip_value must be a positive number, got {grad_clip['clip_value']!r}")
+            raise ConfigError(f'{owner} grad_clip clip_value must be a positive number, '
+                              f"got {grad_clip['clip_value']!r}")
         return grad_clip
     unknown = sorted(set(grad_clip) - {'max_norm', 'norm_type', 'error_if_nonfinite'})
     if unknown:
@@ -160,9 +161,9 @@ class OptimizerProcessor:
     def _check_fp16_params(model):
         trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not any(p.dtype == torch.float32 for _, p in trainable):
+            found = 'only ' + str(sorted({str(p.dtype) for _, p in trainable})) if trainable else 'none trainable'
             raise ConfigError("OptimizerHook precision='fp16' needs trainable float32 parameters (autocast runs "
-                              'the ops in fp16, the GradScaler unscales float32 gradients); the model has '
-                              f'{"none trainable" if not trainable else "only " + str(sorted({str(p.dtype) for _, p in trainable}))}')
+                              'the ops in fp16, the GradScaler unscales float32 gradients); the model has ' + found)
         low = [name for name, p in trainable if p.dtype in (torch.float16, torch.bfloat16)]
         if low:
             raise ConfigError(f"OptimizerHook precision='fp16': parameters {low[:5]} are already float16/bfloat16; "
