@@ -11,7 +11,8 @@ from .priority import Priority, get_priority  # noqa: E402
 from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIMIZERS, TRAINERS, Registry  # noqa: E402
 from .trainer import Trainer, build_trainer  # noqa: E402
 
-__all__ = ['__version__', 'auto_fp16', 'force_fp32', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_priority', 'Registry', 'HOOKS',
+__all__ = ['__version__', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_priority', 'Registry', 'HOOKS',
            'TRAINERS', 'OPTIMIZERS', 'MODELS', 'DATASETS', 'METRICS', 'Config', 'load_config', 'Accuracy',
            'TorchMetricEvaluator', 'HookloopError', 'ConfigError', 'CheckpointError', 'InvalidLossError',
            'DataError']
+__all__ += ['auto_fp16', 'force_fp32']
