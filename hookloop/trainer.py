@@ -152,6 +152,9 @@ class Trainer:
         # Set by hooks: wraps the forward (autocast, DDP no_sync). Called each step.
         self.forward_context = contextlib.nullcontext
         self.val_forward_context = contextlib.nullcontext
+        # Set by a hook in after_train_iter (CheckInvalidLossHook) to drop this iteration's update;
+        # the optimizer hook honours and clears it (docs/optimizer.md).
+        self.skip_step = False
 
         self._hook_entries = []  # (priority, registration index, hook)
         self._dispatch = None

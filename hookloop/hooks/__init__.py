@@ -4,15 +4,17 @@ from .base import STAGES, Hook
 from .checkpoint import CheckpointHook
 from .ema import EMAHook
 from .evaluation import EvaluationHook
+from .invalid_loss import CheckInvalidLossHook
 from .loggers import (DvcliveLoggerHook, LoggerHook, MlflowLoggerHook, NeptuneLoggerHook, TensorboardLoggerHook,
                       TextLoggerHook, WandbLoggerHook)
-from .optimizer import OptimizerHook, OptimizerProcessor
+from .optimizer import Fp16OptimizerHook, GradientCumulativeOptimizerHook, OptimizerHook, OptimizerProcessor
 from .preemption import PreemptionHook
 from .progress import ProgressBarHook
 from .timer import IterTimerHook
 from .torch_scheduler import TorchSchedulerHook
 
-__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'EMAHook', 'EvaluationHook', 'IterTimerHook', 'OptimizerHook',
+__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'EMAHook', 'EvaluationHook',
+           'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook', 'IterTimerHook', 'OptimizerHook',
            'OptimizerProcessor', 'PreemptionHook', 'TextLoggerHook', 'LoggerHook', 'TensorboardLoggerHook',
            'MlflowLoggerHook', 'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'ProgressBarHook',
            'TorchSchedulerHook']

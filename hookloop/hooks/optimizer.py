@@ -1,6 +1,30 @@
-"""The optimizer step: backward, step and zero_grad, done by a swappable processor."""
+"""The optimizer step: backward, accumulation, clipping, mixed precision and the step itself.
 
-from ..errors import ConfigError
+One hook, ``OptimizerHook``, owns the step; accumulation, clipping and fp16/bf16 are its
+options, so the MMCV foot-gun of two stepping hooks cannot happen (role ``'optimizer'`` is
+exclusive). The work is done by an ``OptimizerProcessor``, which a hook or an integration
+(DeepSpeed-style engines) may replace with ``OptimizerHook.set_processor``.
+
+Accumulation windows: with ``cumulative_iters=N`` the iterations of an epoch are cut into
+windows of N starting at ``inner_iter`` 0; the last window of an epoch holds what is left
+(``min(N, epoch_length - start)``). Every loss is divided by the size of its window and the
+optimizer steps at the window's last iteration, so every epoch ends fully stepped.
+
+A hook that wants this iteration's update dropped (``CheckInvalidLossHook``) sets
+``trainer.skip_step = True`` in ``after_train_iter`` before this hook runs: the loss is not
+back-propagated and the whole window it belongs to ends without a step (gradients of the
+window are discarded), like a ``GradScaler`` step with inf/NaN gradients. The hook clears
+the flag after every iteration.
+"""
+import contextlib
+import math
+from collections.abc import Mapping
+
+import torch
+
+from ..amp import autocast_factory, build_grad_scaler, check_loss_scale, check_precision, mmcv_fp16_modules, \
+    scale_tensor
+from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
 from .base import Hook
@@ -19,25 +43,269 @@ def total_loss(outputs, loss_keys):
     return loss
 
 
+# -- pure functions: the accumulation window and the argument checks ----------------------------
+def accumulation_window(inner_iter, epoch_length, cumulative_iters):
+    """``(start, size)`` of the window holding the 0-based ``inner_iter`` of an epoch of
+    ``epoch_length`` iterations: windows of ``cumulative_iters`` from iteration 0, the last
+    one cut short by the end of the epoch."""
+    start = inner_iter - inner_iter % cumulative_iters
+    return start, min(cumulative_iters, epoch_length - start)
+
+
+def is_window_end(inner_iter, epoch_length, cumulative_iters):
+    """True at the iteration whose backward completes a window (the optimizer steps there)."""
+    start, size = accumulation_window(inner_iter, epoch_length, cumulative_iters)
+    return inner_iter == start + size - 1
+
+
+def check_cumulative_iters(value, owner='OptimizerHook'):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f'{owner} cumulative_iters must be a positive int, got {value!r}')
+    return value
+
+
+def _positive_number(value):
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def check_grad_clip(grad_clip, owner='OptimizerHook'):
+    """Normalise ``grad_clip``: None; ``dict(max_norm, norm_type=2, error_if_nonfinite=False)``
+    for ``clip_grad_norm_`` (``norm_type`` a positive number, ``inf`` or ``'inf'``); or
+    ``dict(clip_value=v)`` for ``clip_grad_value_``."""
+    if grad_clip is None:
+        return None
+    if not isinstance(grad_clip, Mapping):
+        raise ConfigError(f'{owner} grad_clip must be None or a dict like dict(max_norm=1.0, norm_type=2) '
+                          f'or dict(clip_value=0.5), got {grad_clip!r}')
+    grad_clip = dict(grad_clip)
+    if 'clip_value' in grad_clip:
+        if set(grad_clip) != {'clip_value'}:
+            raise ConfigError(f'{owner} grad_clip: clip_value (value clipping) takes no other keys, '
+                              f'got {sorted(grad_clip)}')
+        if not _positive_number(grad_clip['clip_value']):
+            raise ConfigError(f'{owner} grad_clip clip_value must be a positive number, '
+                              f"got {grad_clip['clip_value']!r}")
+        return grad_clip
+    unknown = sorted(set(grad_clip) - {'max_norm', 'norm_type', 'error_if_nonfinite'})
+    if unknown:
+        raise ConfigError(f'{owner} grad_clip got unknown keys {unknown}; use max_norm, norm_type '
+                          '(and error_if_nonfinite), or clip_value alone')
+    if 'max_norm' not in grad_clip or not _positive_number(grad_clip['max_norm']):
+        raise ConfigError(f"{owner} grad_clip needs max_norm, a positive number, got {grad_clip.get('max_norm')!r}")
+    norm_type = grad_clip.get('norm_type', 2)
+    if isinstance(norm_type, str) and norm_type.lower() == 'inf':
+        norm_type = math.inf
+    if not _positive_number(norm_type):
+        raise ConfigError(f"{owner} grad_clip norm_type must be a positive number or 'inf', got {norm_type!r}")
+    grad_clip['norm_type'] = float(norm_type)
+    return grad_clip
+
+
+def _optimized_params(optimizer):
+    return [p for group in optimizer.param_groups for p in group['params']]
+
+
 class OptimizerProcessor:
     """Does backward and the optimizer step. Swap it with ``OptimizerHook.set_processor``
-    to change how a step is made without copying the hook."""
+    to change how a step is made without copying the hook.
 
+    The API a replacement implements: ``initialize_optimizer(trainer)`` (before_run),
+    ``before_forward(trainer, cumulative_iters)`` (before_train_iter; may set
+    ``trainer.forward_context``),
+    ``backward(trainer, loss_keys, cumulative_iters, grad_clip)`` (after_train_iter; must
+    honour ``trainer.skip_step``), and optionally ``state_dict()``/``load_state_dict()``.
+
+    Args:
+        precision: None/'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast).
+        loss_scale: for fp16: 'dynamic'/None (GradScaler defaults), a number (static scale),
+            or a dict of GradScaler arguments.
+        detect_anomalous_params: log trainable parameters that got no gradient.
+    """
+
+    def __init__(self, precision=None, loss_scale=None, detect_anomalous_params=False):
+        self.precision = check_precision(precision)
+        self.loss_scale = check_loss_scale(loss_scale)
+        self.detect_anomalous_params = bool(detect_anomalous_params)
+        self.optimizer = self.scaler = None
+        self._skip_window = False  # the current window holds a dropped iteration: no step at its end
+        self._pending_state = None  # a state loaded before the optimizer was known
+        self._reported_unused = set()
+        self._ddp = False
+        self._contexts = {True: contextlib.nullcontext, False: contextlib.nullcontext}
+
+    # -- set-up ----------------------------------------------------------------------------
     def initialize_optimizer(self, trainer):
-        trainer.optimizer.zero_grad(set_to_none=True)
+        self.optimizer, self.model, self.logger = trainer.optimizer, trainer.model, trainer.logger
+        autocast = None
+        if self.precision == 'fp16':
+            self._check_fp16_params(trainer.model)
+            self.scaler = build_grad_scaler(self.loss_scale, trainer.device)
+            legacy = mmcv_fp16_modules(trainer.model)
+            if legacy:  # MMCV-style model: its auto_fp16/force_fp32 methods choose what runs in fp16
+                for module in legacy:
+                    module.fp16_enabled = True
+            else:
+                autocast = autocast_factory(trainer.device, 'fp16')
+        elif self.precision == 'bf16':
+            autocast = autocast_factory(trainer.device, 'bf16')
+        if autocast is not None:
+            trainer.val_forward_context = autocast
+        self._contexts = self._forward_contexts(trainer.wrapped_model, autocast)
+        self._ddp = isinstance(trainer.wrapped_model, torch.nn.parallel.DistributedDataParallel) and \
+            torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._pending_state is not None:
+            self._apply_state(self._pending_state)
 
-    def before_forward(self, trainer):
-        pass
+    @staticmethod
+    def _check_fp16_params(model):
+        trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        if not any(p.dtype == torch.float32 for _, p in trainable):
+            found = 'only ' + str(sorted({str(p.dtype) for _, p in trainable})) if trainable else 'none trainable'
+            raise ConfigError("OptimizerHook precision='fp16' needs trainable float32 parameters (autocast runs "
+                              'the ops in fp16, the GradScaler unscales float32 gradients); the model has ' + found)
+        low = [name for name, p in trainable if p.dtype in (torch.float16, torch.bfloat16)]
+        if low:
+            raise ConfigError(f"OptimizerHook precision='fp16': parameters {low[:5]} are already float16/bfloat16; "
+                              'keep the weights in float32 (do not call model.half()): autocast casts per op')
+
+    @staticmethod
+    def _forward_contexts(wrapped_model, autocast):
+        """``{window end?: zero-arg context factory}``: inside a window a DDP-style wrapper's
+        ``no_sync`` joins the autocast, so gradients are reduced once per window."""
+        at_end = autocast or contextlib.nullcontext
+        no_sync = getattr(wrapped_model, 'no_sync', None)
+        if no_sync is None:
+            return {True: at_end, False: at_end}
+
+        def inside_window():
+            stack = contextlib.ExitStack()
+            stack.enter_context(no_sync())
+            if autocast is not None:
+                stack.enter_context(autocast())
+            return stack
+        return {True: at_end, False: inside_window}
+
+    # -- the step --------------------------------------------------------------------------
+    def before_forward(self, trainer, cumulative_iters=1):
+        end = is_window_end(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
+        trainer.forward_context = self._contexts[end]
 
     def backward(self, trainer, loss_keys, cumulative_iters, grad_clip):
-        total_loss(trainer.outputs, loss_keys).backward()
-        trainer.optimizer.step()
-        trainer.optimizer.zero_grad(set_to_none=True)
+        start, size = accumulation_window(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
+        if getattr(trainer, 'skip_step', False):
+            self._skip_window = True
+        if not self._skip_window:
+            loss = total_loss(trainer.outputs, loss_keys)
+            if size > 1:
+                loss = loss / size
+            if self.scaler is not None:
+                loss = self.scaler.scale(loss)
+            loss.backward()
+        if trainer.inner_iter != start + size - 1:
+            return
+        if self._skip_window:  # drop the whole window, never half a step
+            self._skip_window = False
+        else:
+            if self.detect_anomalous_params:
+                self._report_unused_params()
+            self._step(trainer, grad_clip)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _step(self, trainer, grad_clip):
+        optimizer, scaler = self.optimizer, self.scaler
+        if grad_clip is not None:
+            if scaler is not None:
+                scaler.unscale_(optimizer)  # clip the true gradients
+            params = [p for p in _optimized_params(optimizer) if p.grad is not None]
+            if 'clip_value' in grad_clip:
+                torch.nn.utils.clip_grad_value_(params, grad_clip['clip_value'])
+            elif params:
+                norm = torch.nn.utils.clip_grad_norm_(params, **grad_clip)
+                trainer.meters.update('grad_norm', norm)  # a device tensor: no host sync here
+        if scaler is None:
+            optimizer.step()
+            return
+        scaler.step(optimizer)  # one host sync inside torch: skip the step on inf/NaN gradients
+        if isinstance(self.loss_scale, float):
+            scaler.update(new_scale=self.loss_scale)  # static scale, kept fixed as MMCV does
+        else:
+            scaler.update()
+        trainer.meters.update('loss_scale', scale_tensor(scaler))
+
+    def _report_unused_params(self):
+        unused = tuple(name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None)
+        if unused and unused not in self._reported_unused:
+            self._reported_unused.add(unused)
+            self.logger.warning('detect_anomalous_params: %d trainable parameter(s) got no gradient (not in the '
+                                'graph of the loss): %s', len(unused), ', '.join(unused))
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self):
+        """The GradScaler state and, inside an accumulation window, the gradients so far."""
+        state = {}
+        if self.scaler is not None:
+            state['scaler'] = self.scaler.state_dict()
+        if self._skip_window:
+            state['skip_window'] = True
+        if self.optimizer is not None:
+            grads = [p.grad for p in _optimized_params(self.optimizer)]
+            if any(g is not None for g in grads):
+                # cloned: the next backward adds into .grad in place
+                state['grads'] = [None if g is None else g.detach().clone() for g in grads]
+                if self._ddp:
+                    self._average_across_ranks(state['grads'])
+        return state
+
+    @staticmethod
+    def _average_across_ranks(grads):
+        """Inside a window DDP has not reduced yet (no_sync): each rank holds its own partial sum
+        and only rank 0's checkpoint is written. DDP averages at the window end and averaging is
+        linear, so the average of the partial sums, loaded on every rank, gives the same step (up
+        to summation order). A collective: every rank must take the state (save_checkpoint does)."""
+        world_size = torch.distributed.get_world_size()
+        for grad in grads:
+            if grad is not None:
+                torch.distributed.all_reduce(grad)
+                grad.div_(world_size)
+
+    def load_state_dict(self, state):
+        self._pending_state = dict(state)
+        if self.optimizer is not None:
+            self._apply_state(self._pending_state)
+
+    def _apply_state(self, state):
+        self._pending_state = None
+        if 'scaler' in state and self.scaler is not None:
+            self.scaler.load_state_dict(state['scaler'])
+        self._skip_window = bool(state.get('skip_window', False))
+        grads = state.get('grads')
+        if grads is None:
+            return
+        params = _optimized_params(self.optimizer)
+        if len(grads) != len(params):
+            raise CheckpointError(f'the checkpoint holds accumulated gradients for {len(grads)} parameters, '
+                                  f'the optimizer has {len(params)}')
+        for param, grad in zip(params, grads):
+            param.grad = None if grad is None else grad.to(device=param.device, dtype=param.dtype)
 
 
 @HOOKS.register_module()
 class OptimizerHook(Hook):
     """Back-propagates ``loss_keys`` of the step's outputs and steps the optimizer.
+
+    Args:
+        grad_clip: None, ``dict(max_norm=..., norm_type=2)`` (``clip_grad_norm_``; norm_type 2,
+            1, ``inf``/``'inf'``...; the total norm before clipping is logged as ``grad_norm``)
+            or ``dict(clip_value=...)`` (``clip_grad_value_``). Under fp16 the gradients are
+            unscaled first.
+        cumulative_iters: accumulate gradients over windows of this many iterations (see the
+            module docstring: windows restart at every epoch, the last one may be shorter).
+        loss_keys: the output key(s) summed and back-propagated.
+        detect_anomalous_params: log (once per pattern) trainable parameters without gradient.
+        precision: None/'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast only).
+        loss_scale: fp16 only (implies it when precision is None): 'dynamic', a number (static)
+            or ``dict(init_scale, growth_factor, backoff_factor, growth_interval)``.
 
     Only one optimizer-stepping hook may be registered (role ``'optimizer'``).
     """
@@ -46,28 +314,72 @@ class OptimizerHook(Hook):
     ROLE = 'optimizer'
     EXCLUSIVE = True
 
-    def __init__(self, grad_clip=None, cumulative_iters=1, loss_keys='loss'):
+    def __init__(self, grad_clip=None, cumulative_iters=1, loss_keys='loss', detect_anomalous_params=False,
+                 precision=None, loss_scale=None):
+        owner = type(self).__name__
         if isinstance(loss_keys, str):
             loss_keys = [loss_keys]
         if not isinstance(loss_keys, (list, tuple)) or not loss_keys or \
                 not all(isinstance(k, str) for k in loss_keys):
-            raise ConfigError(f'OptimizerHook loss_keys must be a key or a list of keys, got {loss_keys!r}')
+            raise ConfigError(f'{owner} loss_keys must be a key or a list of keys, got {loss_keys!r}')
         self.loss_keys = list(loss_keys)
-        self.cumulative_iters = cumulative_iters
-        self.grad_clip = grad_clip
-        self.processor = OptimizerProcessor()
+        self.cumulative_iters = check_cumulative_iters(cumulative_iters, owner)
+        self.grad_clip = check_grad_clip(grad_clip, owner)
+        precision = check_precision(precision, owner)
+        if loss_scale is not None:
+            if precision is None:
+                precision = 'fp16'
+            elif precision != 'fp16':
+                raise ConfigError(f"{owner} loss_scale={loss_scale!r} needs precision='fp16', got {precision!r}")
+        if not isinstance(detect_anomalous_params, bool):
+            raise ConfigError(f'{owner} detect_anomalous_params must be True or False, got {detect_anomalous_params!r}')
+        self.precision = precision
+        self.processor = OptimizerProcessor(precision, check_loss_scale(loss_scale, owner), detect_anomalous_params)
+        self.name = 'OptimizerHook'  # one checkpoint key whichever config type built it
 
     def set_processor(self, processor):
+        """Replace the object that does backward and step (see :class:`OptimizerProcessor`)."""
         self.processor = processor
 
     def before_run(self, trainer):
         self.processor.initialize_optimizer(trainer)
 
     def before_train_iter(self, trainer):
-        self.processor.before_forward(trainer)
+        self.processor.before_forward(trainer, self.cumulative_iters)
 
     def after_train_iter(self, trainer):
-        self.processor.backward(trainer, self.loss_keys, self.cumulative_iters, self.grad_clip)
+        try:
+            self.processor.backward(trainer, self.loss_keys, self.cumulative_iters, self.grad_clip)
+        finally:
+            trainer.skip_step = False
+
+    def state_dict(self):
+        return self.processor.state_dict() if hasattr(self.processor, 'state_dict') else {}
+
+    def load_state_dict(self, state):
+        if hasattr(self.processor, 'load_state_dict'):
+            self.processor.load_state_dict(state)
 
 
-__all__ = ['OptimizerHook', 'OptimizerProcessor', 'total_loss']
+@HOOKS.register_module()
+class GradientCumulativeOptimizerHook(OptimizerHook):
+    """MMCV's config name for ``OptimizerHook(cumulative_iters=N, ...)``."""
+
+    def __init__(self, cumulative_iters=1, **kwargs):
+        super().__init__(cumulative_iters=cumulative_iters, **kwargs)
+
+
+@HOOKS.register_module()
+class Fp16OptimizerHook(OptimizerHook):
+    """MMCV's config name for ``OptimizerHook(precision='fp16', loss_scale=...)``; the default
+    ``loss_scale=512.`` (static) is MMCV's. ``coalesce``, ``bucket_size_mb`` and ``distributed``
+    are accepted for MMCV configs and unused: DDP reduces the gradients."""
+
+    def __init__(self, grad_clip=None, coalesce=True, bucket_size_mb=-1, loss_scale=512., distributed=True,
+                 **kwargs):
+        kwargs.setdefault('precision', 'fp16')
+        super().__init__(grad_clip=grad_clip, loss_scale=loss_scale, **kwargs)
+
+
+__all__ = ['OptimizerHook', 'GradientCumulativeOptimizerHook', 'Fp16OptimizerHook', 'OptimizerProcessor',
+           'total_loss', 'accumulation_window', 'is_window_end']

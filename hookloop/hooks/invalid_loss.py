@@ -1,0 +1,118 @@
+"""Catch a NaN/Inf loss before it reaches the weights, and decide what happens then.
+
+Role ``'invalid_loss'``: in every stage it runs before the optimizer hook, whatever the
+priorities (``hooks/order.py``), so the step of the bad iteration has not happened yet.
+
+Policies (``on_invalid``):
+
+* ``'raise'`` (MMCV's behaviour): every ``interval`` iterations, look at the losses and
+  raise ``InvalidLossError`` naming the iteration, the keys and the values. Costs one host
+  sync per ``interval`` iterations; a bad loss between two checks is not seen.
+* ``'skip'``: look every iteration; on a bad loss set ``trainer.skip_step = True``, which the
+  optimizer hook honours by not back-propagating it and ending the accumulation window that
+  holds it without a step (its gradients are discarded).
+* ``'rollback'``: as ``skip``, and first restore the model and optimizer state from the last
+  good snapshot kept in memory. A snapshot (a copy of the model's and the optimizer's state
+  on their device) is taken before the first iteration and then every ``interval``
+  iterations; it becomes "good" once the forward on those weights gives a finite loss.
+
+``skip`` and ``rollback`` cost one host sync per iteration (the decision is needed before the
+step); ``rollback`` also one state copy per ``interval`` iterations. Under DDP the verdict is
+all-reduced so that every rank drops the same steps.
+"""
+import copy
+
+import torch
+
+from ..errors import ConfigError, InvalidLossError
+from ..priority import Priority
+from ..registry import HOOKS
+from .base import Hook
+
+POLICIES = ('raise', 'skip', 'rollback')
+
+
+@HOOKS.register_module()
+class CheckInvalidLossHook(Hook):
+    """Args:
+        interval: check (``'raise'``) or snapshot (``'rollback'``) every this many iterations.
+        on_invalid: ``'raise'``, ``'skip'`` or ``'rollback'`` (see the module docstring).
+        loss_keys: the output keys to check; default every tensor output whose key starts
+            with ``'loss'``.
+    """
+
+    PRIORITY = Priority.VERY_LOW
+    ROLE = 'invalid_loss'
+
+    def __init__(self, interval=50, on_invalid='raise', loss_keys=None):
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ConfigError(f'CheckInvalidLossHook interval must be a positive int, got {interval!r}')
+        if on_invalid not in POLICIES:
+            raise ConfigError(f'CheckInvalidLossHook on_invalid must be one of {list(POLICIES)}, got {on_invalid!r}')
+        if isinstance(loss_keys, str):
+            loss_keys = [loss_keys]
+        if loss_keys is not None and (not loss_keys or not all(isinstance(k, str) for k in loss_keys)):
+            raise ConfigError('CheckInvalidLossHook loss_keys must be None, a key or a list of keys, '
+                              f'got {loss_keys!r}')
+        self.interval, self.on_invalid, self.loss_keys = interval, on_invalid, loss_keys
+        self._candidate = self._good = None  # rollback snapshots: (iteration, state)
+
+    def _losses(self, outputs):
+        if self.loss_keys is None:
+            return {k: v for k, v in outputs.items() if k.startswith('loss') and isinstance(v, torch.Tensor)}
+        missing = [k for k in self.loss_keys if k not in outputs]
+        if missing:
+            raise ConfigError(f'CheckInvalidLossHook loss_keys {missing} are not in the model outputs '
+                              f'{list(outputs.keys())}')
+        return {k: outputs[k] for k in self.loss_keys}
+
+    def before_train_iter(self, trainer):
+        if self.on_invalid == 'rollback' and (self._good is None or trainer.iter % self.interval == 0):
+            self._candidate = (trainer.iter, {
+                'model': {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+                'optimizer': copy.deepcopy(trainer.optimizer.state_dict()),
+            })
+
+    def after_train_iter(self, trainer):
+        if self.on_invalid == 'raise' and not self.every_n_iters(trainer, self.interval):
+            return
+        losses = self._losses(trainer.outputs)
+        if not losses:
+            return
+        finite = torch.stack([torch.isfinite(v.detach()).all() for v in losses.values()]).all()
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            finite = finite.to(torch.int32)
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        if bool(finite):  # the documented host sync
+            if self._candidate is not None:
+                self._good, self._candidate = self._candidate, None
+            return
+        values = ', '.join(f'{k}={_show(v)}' for k, v in losses.items())
+        where = f'iteration {trainer.iter + 1} (epoch {trainer.epoch + 1}, inner iteration {trainer.inner_iter + 1})'
+        if self.on_invalid == 'raise':
+            raise InvalidLossError(f'loss is not finite at {where}: {values}')
+        if self.on_invalid == 'rollback':
+            self._candidate = None
+            if self._good is None:
+                raise InvalidLossError(f'loss is not finite at {where}: {values}; no good state to roll back to')
+            good_iter, state = self._good
+            trainer.model.load_state_dict(state['model'])
+            # keep the schedule where it is now: lr, momentum... are the LR/momentum hooks' business
+            settings = [{k: v for k, v in group.items() if k != 'params'} for group in trainer.optimizer.param_groups]
+            # a deep copy: the optimizer would otherwise share (and update) the snapshot's tensors
+            trainer.optimizer.load_state_dict(copy.deepcopy(state['optimizer']))
+            for group, current in zip(trainer.optimizer.param_groups, settings):
+                group.update(current)
+            trainer.logger.warning('loss is not finite at %s: %s; rolled model and optimizer back to their state '
+                                   'before iteration %d and dropped this update', where, values, good_iter + 1)
+        else:
+            trainer.logger.warning('loss is not finite at %s: %s; dropped this update', where, values)
+        trainer.skip_step = True
+
+
+def _show(value):
+    value = value.detach()
+    return f'{value.item():.6g}' if value.numel() == 1 else f'tensor of shape {tuple(value.shape)}'
+
+
+__all__ = ['CheckInvalidLossHook']
