@@ -1,7 +1,7 @@
 """hookloop: a small, fixed PyTorch training loop; everything else is a hook."""
 __version__ = '0.1.0'
 
-from . import hooks  # noqa: E402  (registers the built-in hooks)
+from . import hooks  # noqa: E402,F401  (registers the built-in hooks)
 from .amp import auto_fp16, force_fp32  # noqa: E402
 from .config import Config, load_config  # noqa: E402
 from .errors import CheckpointError, ConfigError, DataError, HookloopError, InvalidLossError  # noqa: E402

@@ -6,7 +6,7 @@
   to a multiple of the world size and shared out: rank r takes positions r, r+W, ...
 * Resuming at batch k of an epoch starts the sampler at k: skipped batches are never
   loaded or collated.
-* Each batch carries a seed derived from ``(seed, epoch, batch index)``; a data-loader
+* Each batch carries a seed derived from ``(seed, epoch, rank, batch index)``; a data-loader
   worker reseeds ``random``, NumPy and torch with it before loading the batch, so
   augmentations do not depend on which worker loads a batch or on how long workers
   have lived. (In the main process, ``num_workers=0``, the global RNG is left alone:
@@ -108,9 +108,16 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
     def __iter__(self):
         indices = self.indices()
         for batch_index in range(self.start_batch, len(self)):
-            chunk = indices[batch_index * self.batch_size:(batch_index + 1) * self.batch_size]
-            batch_seed = mix_seed(self.seed, self.epoch, self.rank, batch_index)
-            yield [(chunk[0], batch_seed)] + [(i, None) for i in chunk[1:]]
+            batch = SeededBatch(indices[batch_index * self.batch_size:(batch_index + 1) * self.batch_size])
+            batch.seed_key = (self.seed, self.epoch, self.rank, batch_index)
+            yield batch
+
+
+class SeededBatch(list):
+    """A batch's sample indices, plus ``seed_key`` = (seed, epoch, rank, batch index),
+    from which a worker derives the batch's seed (only workers pay for it)."""
+
+    seed_key = None
 
 
 def seed_everything(seed):
@@ -121,7 +128,9 @@ def seed_everything(seed):
 
 
 class SeededDataset(Dataset):
-    """Wraps a map-style dataset; keys are ``(index, batch_seed or None)``."""
+    """Wraps a map-style dataset. The loader fetches whole :class:`SeededBatch` es through
+    ``__getitems__``; in a worker the RNGs are reseeded from the batch's ``seed_key``
+    first. Single items (``loader.dataset[i]``) read the wrapped dataset as is."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -129,11 +138,18 @@ class SeededDataset(Dataset):
     def __len__(self):
         return len(self.dataset)
 
-    def __getitem__(self, key):
-        index, batch_seed = key
-        if batch_seed is not None and torch.utils.data.get_worker_info() is not None:
-            seed_everything(batch_seed)
+    def __getitem__(self, index):
         return self.dataset[index]
+
+    def __getitems__(self, batch):
+        seed_key = getattr(batch, 'seed_key', None)
+        if seed_key is not None and torch.utils.data.get_worker_info() is not None:
+            seed_everything(mix_seed(*seed_key))
+        fetch_many = getattr(self.dataset, '__getitems__', None)
+        if fetch_many is not None:
+            return fetch_many(list(batch))
+        dataset = self.dataset
+        return [dataset[i] for i in batch]
 
     def __getattr__(self, name):  # user code may ask the loader's dataset for its own attributes
         if name == 'dataset':

@@ -11,6 +11,7 @@ built-in evaluators sums their counts over ranks, so every rank returns the metr
 of the whole val set.
 """
 import math
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -184,12 +185,10 @@ def build_evaluator(evaluator):
     if isinstance(evaluator, Mapping):
         return build_evaluator(METRICS.build(evaluator))
     if all(hasattr(evaluator, m) for m in ('reset', 'update', 'compute')):
-        try:
-            import torchmetrics
-            if isinstance(evaluator, torchmetrics.Metric):
-                return TorchMetricEvaluator(evaluator)
-        except ImportError:
-            pass
+        # A torchmetrics Metric can only exist if torchmetrics is imported: never import it here.
+        torchmetrics = sys.modules.get('torchmetrics')
+        if torchmetrics is not None and isinstance(evaluator, torchmetrics.Metric):
+            return TorchMetricEvaluator(evaluator)
         return evaluator
     if callable(evaluator):
         return FunctionEvaluator(evaluator)

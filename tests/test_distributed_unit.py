@@ -1,6 +1,5 @@
 """Distributed set-up without torchrun: argument errors, a one-rank gloo group in this
 process (as ``torchrun --nproc-per-node 1`` would describe it), teardown, padding cuts."""
-import os
 import socket
 
 import pytest

@@ -1,6 +1,5 @@
 """OptimizerHook: accumulation, clipping, config forms and errors, against plain PyTorch loops."""
 import contextlib
-import logging
 import math
 
 import pytest

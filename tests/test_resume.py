@@ -1,5 +1,4 @@
 """Exact resume: a run resumed from any checkpoint ends bitwise equal to one that never stopped."""
-import inspect
 import os
 
 import pytest
@@ -8,7 +7,6 @@ from torch.utils.data import DataLoader
 
 from hookloop import Trainer
 from hookloop.data import ResumableBatchSampler
-from hookloop.hooks import OptimizerHook
 from resume_helpers import AugmentedRegression, DropoutRegressor, assert_states_equal
 
 ITERS_PER_EPOCH = 5  # 40 samples, batch 8
@@ -143,12 +141,7 @@ def test_resumed_iterator_reproduces_every_augmentation(tmp_path):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-_HAS_FULL_OPTIMIZER = 'precision' in inspect.signature(OptimizerHook).parameters
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _HAS_FULL_OPTIMIZER, reason="OptimizerHook has no 'precision' argument yet "
-                    '(fp16 scaler and accumulation state come with the optimizer branch)')
 @pytest.mark.timeout(120)
 def test_resume_everything_on_matches_uninterrupted_run(tmp_path):
     # Accumulation (checkpoints inside a window), fp16 scaler, clipping, cosine LR, EMA, workers.

@@ -13,6 +13,8 @@ ORDER_CONSTRAINTS = (
     ('momentum', 'optimizer'),
     ('invalid_loss', 'optimizer'),  # a bad loss is caught before it reaches the weights
     ('optimizer', 'ema'),           # the average takes in this iteration's step
+    ('optimizer', 'evaluation'),    # what is evaluated and saved is the stepped model
+    ('optimizer', 'checkpoint'),
     ('ema', 'evaluation'),          # evaluation may use the averaged weights
     ('ema', 'checkpoint'),          # the checkpoint holds the up-to-date average
     ('evaluation', 'checkpoint'),   # save_best needs this round's metric
