@@ -1,17 +1,30 @@
-"""Per-iteration overhead of hookloop over a plain PyTorch loop, measured in one process.
+"""Per-iteration overhead of hookloop over a plain PyTorch loop doing the same math (CPU).
 
-The same model, data, initial weights and optimizer run under both loops, interleaved
-in rounds (plain, hookloop, plain, ...) so drift in machine speed hits both alike.
-Each iteration is stamped at its end; the figure is the median of the stamp gaps.
+Each mode pairs a hookloop configuration with the plain loop that does the same work:
 
-    python bench/overhead.py                       # tiny and mlp, default hooks
-    python bench/overhead.py --models tiny --rounds 7 --iters 600
-    python bench/overhead.py --optimizer-config "dict(cumulative_iters=2)"
+    default   the default hooks (optimizer step, timer, text log every 10)  vs  backward; step; zero_grad
+    accum2    OptimizerHook(cumulative_iters=2)        vs  (loss / 2).backward(); step every 2nd iteration
+    fp16      OptimizerHook(precision='fp16')          vs  autocast(fp16) + GradScaler('cpu')
+    skip      + CheckInvalidLossHook(on_invalid='skip')      vs  the default plain loop (the check's cost)
+    rollback  + CheckInvalidLossHook(on_invalid='rollback')  vs  the default plain loop
+    logging   text + TensorBoard logging every 10 iterations vs  the default plain loop
+
+Models: ``tiny`` = Linear(32,32)-ReLU-Linear(32,1), batch 32 (overhead-bound); ``mlp`` =
+4 x Linear(1024,1024)+ReLU, Linear(1024,1), batch 256 (compute-bound). Same data, initial
+weights and SGD(momentum 0.9); shuffled loader; one torch thread.
+
+The loops run interleaved in rounds (plain, hookloop, plain, ...) so drift in machine speed hits
+both alike; each iteration is stamped at its end; the figure is the median gap, then the median
+over rounds. ``--clock wall`` (default) stamps with ``time.perf_counter``; ``--clock thread``
+with the main thread's CPU time, which stays meaningful on a machine shared with other jobs.
+
+    python bench/overhead.py                                   # default mode, tiny and mlp
+    python bench/overhead.py --models tiny --modes default,accum2,fp16,logging --rounds 7
 """
 import argparse
-import ast
 import json
 import statistics
+import tempfile
 import time
 
 import torch
@@ -21,11 +34,22 @@ from torch.utils.data import DataLoader, TensorDataset
 from hookloop import Hook, Trainer
 
 MODELS = {
-    # name: (build, features, batch)
-    'tiny': (lambda: nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)), 32, 32),
+    # name: (build, features, batch, default iterations per round)
+    'tiny': (lambda: nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)), 32, 32, 1000),
     'mlp': (lambda: nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.ReLU())],
-                                  nn.Linear(1024, 1)), 1024, 256),
+                                  nn.Linear(1024, 1)), 1024, 256, 60),
 }
+# mode: hookloop's extra Trainer arguments
+MODES = {
+    'default': {},
+    'accum2': dict(optimizer_config=dict(cumulative_iters=2)),
+    'fp16': dict(optimizer_config=dict(precision='fp16')),
+    'skip': dict(custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='skip')]),
+    'rollback': dict(custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='rollback')]),
+    'logging': dict(log_config=dict(interval=10, hooks=[dict(type='TextLoggerHook'),
+                                                        dict(type='TensorboardLoggerHook')])),
+}
+clock = time.perf_counter
 
 
 class Loss(nn.Module):
@@ -43,16 +67,28 @@ def make_data(features, batch, iters):
     return TensorDataset(torch.randn(n, features, generator=generator), torch.randn(n, 1, generator=generator))
 
 
-def plain_loop(model, data, batch, stamps):
+def plain_loop(mode, model, loader, stamps):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+    scaler = torch.amp.GradScaler('cpu') if mode == 'fp16' else None
     model.train()
-    for x, y in loader:
-        loss = model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        stamps.append(time.perf_counter())
+    for i, (x, y) in enumerate(loader):
+        if scaler is not None:
+            with torch.autocast('cpu', dtype=torch.float16):
+                loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+        elif mode == 'accum2':
+            (model(x, y) / 2).backward()
+            if i % 2 == 1:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        else:
+            model(x, y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        stamps.append(clock())
 
 
 class Stamp(Hook):
@@ -60,14 +96,13 @@ class Stamp(Hook):
         self.stamps = stamps
 
     def after_train_iter(self, trainer):
-        self.stamps.append(time.perf_counter())
+        self.stamps.append(clock())
 
 
-def hookloop_loop(model, data, batch, stamps, work_dir, hook_cfgs):
-    loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)
+def hookloop_loop(mode, model, loader, stamps):
     trainer = Trainer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                      train_dataloader=loader, max_epochs=1, work_dir=work_dir, seed=0, device='cpu',
-                      log_level='WARNING', **hook_cfgs)
+                      train_dataloader=loader, max_epochs=1, work_dir=tempfile.mkdtemp(prefix='hookloop-bench-'),
+                      seed=0, device='cpu', log_level='WARNING', **MODES[mode])
     trainer.register_hook(Stamp(stamps), priority='LOWEST')
     trainer.train()
     trainer.close()
@@ -78,49 +113,41 @@ def median_gap_us(stamps, warmup):
     return statistics.median(gaps) * 1e6
 
 
-def run(model_name, rounds, iters, work_dir, hook_cfgs):
-    build, features, batch = MODELS[model_name]
+def run(model_name, mode, rounds, iters):
+    build, features, batch, default_iters = MODELS[model_name]
+    iters = iters or default_iters
     data = make_data(features, batch, iters)
     torch.manual_seed(0)
     initial = Loss(build()).state_dict()
     results = {'plain': [], 'hookloop': []}
     warmup = max(iters // 10, 2)
     for _ in range(rounds):
-        for name in ('plain', 'hookloop'):
+        for name, loop in (('plain', plain_loop), ('hookloop', hookloop_loop)):
             model = Loss(build())
             model.load_state_dict(initial)
             stamps = []
-            if name == 'plain':
-                plain_loop(model, data, batch, stamps)
-            else:
-                hookloop_loop(model, data, batch, stamps, work_dir, hook_cfgs)
+            loop(mode, model, DataLoader(data, batch_size=batch, shuffle=True, drop_last=True), stamps)
             results[name].append(median_gap_us(stamps, warmup))
-    plain_us = statistics.median(results['plain'])
-    hook_us = statistics.median(results['hookloop'])
-    return {'model': model_name, 'iters': iters, 'rounds': rounds, 'plain_us': round(plain_us, 1),
-            'hookloop_us': round(hook_us, 1), 'ratio': round(hook_us / plain_us, 4), 'hooks': repr(hook_cfgs)}
+    plain_us, hook_us = statistics.median(results['plain']), statistics.median(results['hookloop'])
+    return {'model': model_name, 'mode': mode, 'iters': iters, 'rounds': rounds, 'clock': clock.__name__,
+            'plain_us': round(plain_us, 1), 'hookloop_us': round(hook_us, 1), 'ratio': round(hook_us / plain_us, 4)}
 
 
 def main():
+    global clock
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', default='tiny,mlp')
+    parser.add_argument('--modes', default='default', help=f'comma-separated, from {", ".join(MODES)}')
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--iters', type=int, default=0, help='iterations per round (default: 1000 tiny, 60 mlp)')
     parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--work-dir', default='/tmp/hookloop-bench')
-    for role in ('optimizer_config', 'lr_config', 'log_config', 'custom_hooks'):
-        parser.add_argument('--' + role.replace('_', '-'), help=f'{role} as a Python literal')
+    parser.add_argument('--clock', choices=('wall', 'thread'), default='wall')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    hook_cfgs = {}
-    for role in ('optimizer_config', 'lr_config', 'log_config', 'custom_hooks'):
-        value = getattr(args, role)
-        if value:
-            hook_cfgs[role] = eval(value, {'dict': dict}) if value.startswith('dict(') or value.startswith('[') \
-                else ast.literal_eval(value)
+    clock = time.thread_time if args.clock == 'thread' else time.perf_counter
     for name in args.models.split(','):
-        iters = args.iters or {'tiny': 1000, 'mlp': 60}[name]
-        print(json.dumps(run(name, args.rounds, iters, args.work_dir, hook_cfgs)), flush=True)
+        for mode in args.modes.split(','):
+            print(json.dumps(run(name, mode, args.rounds, args.iters)), flush=True)
 
 
 if __name__ == '__main__':

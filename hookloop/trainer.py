@@ -26,6 +26,7 @@ from .hooks.base import STAGES, Hook
 from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_table
 from .log import close_logger, create_logger
 from .meters import MeterBuffer
+from .paths import ensure_writable_dir
 from .model_step import as_outputs, call_model, move_to_device
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
@@ -170,14 +171,7 @@ class Trainer:
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
         work_dir = os.path.abspath(os.fspath(work_dir))
         if self.rank == 0:
-            try:
-                os.makedirs(work_dir, exist_ok=True)
-                probe = os.path.join(work_dir, f'.write_test_{os.getpid()}')
-                with open(probe, 'w'):
-                    pass
-                os.remove(probe)
-            except OSError as exc:
-                raise ConfigError(f'work_dir {work_dir!r} is not writable: {exc.strerror or exc}') from None
+            ensure_writable_dir(work_dir, 'work_dir')
         return work_dir
 
     def _init_progress(self):

@@ -167,13 +167,6 @@ def test_final_pipeline_is_saved_as_safetensors_and_loads(tmp_path, pretrained):
     assert sample.shape == (1, 1, 8, 8) and torch.isfinite(sample).all()
 
 
-class Autocast(Hook):
-    """What a precision hook does: put the forward under autocast."""
-
-    def before_run(self, trainer):
-        trainer.forward_context = lambda: torch.autocast('cpu', dtype=torch.bfloat16)
-
-
 def test_forward_runs_inside_the_trainers_forward_context(tmp_path, pretrained):
     seen = []
 
@@ -181,12 +174,13 @@ def test_forward_runs_inside_the_trainers_forward_context(tmp_path, pretrained):
         def after_train_iter(self, trainer):
             seen.append((trainer.outputs['loss'].dtype, bool(torch.isfinite(trainer.outputs['loss']))))
 
-    trainer = dreambooth(tmp_path, pretrained, max_iters=2, custom_hooks=[Autocast(), Record()])
+    trainer = dreambooth(tmp_path, pretrained, max_iters=2, custom_hooks=[Record()],
+                         optimizer_config=dict(precision='bf16'))
     mlp_dtypes = []
     trainer.model.denoiser.register_forward_hook(  # training steps only, not class-sample generation
         lambda module, args, out: mlp_dtypes.append(out.dtype) if module.training else None)
     train(trainer)
-    assert mlp_dtypes == [torch.bfloat16] * 2  # the denoiser ran under the hook's autocast
+    assert mlp_dtypes == [torch.bfloat16] * 2  # the denoiser ran under the optimizer hook's bf16 autocast
     assert seen == [(torch.float32, True)] * 2  # and the loss was taken in float32
 
 

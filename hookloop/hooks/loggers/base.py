@@ -4,11 +4,11 @@ Every logger hook reads the shared :class:`~hookloop.meters.MeterBuffer`
 (``trainer.meters``) and averages over its own interval. All ranks compute the
 summary (it may all-reduce across ranks); only rank 0 writes.
 """
-import os
 
 import torch
 
 from ...errors import ConfigError
+from ...paths import ensure_writable_dir
 from ...priority import Priority
 from ..base import Hook
 
@@ -44,15 +44,7 @@ def flatten(value, prefix=''):
 
 def check_writable_dir(path, owner):
     """Create ``path`` and prove it writable, or raise ConfigError naming ``owner``."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f'.write_test_{os.getpid()}')
-        with open(probe, 'w'):
-            pass
-        os.remove(probe)
-    except OSError as exc:
-        raise ConfigError(f'{owner}: log directory {path!r} is not writable: {exc.strerror or exc}') from None
-    return path
+    return ensure_writable_dir(path, f'{owner}: log directory')
 
 
 def require(module, owner, package=None):
