@@ -129,6 +129,7 @@ class Trainer:
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
+        self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
@@ -159,7 +160,7 @@ class Trainer:
 
         self._hook_entries = []  # (priority, registration index, hook)
         self._dispatch = None
-        self._stage = None
+        self._stage = None  # 'after_train_iter' / 'after_train_epoch' while those run (checkpoint_position)
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
@@ -360,12 +361,8 @@ class Trainer:
 
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
-        previous, self._stage = self._stage, stage
-        try:
-            for method in self._dispatch[stage]:
-                method(self, *args)
-        finally:
-            self._stage = previous
+        for method in self._dispatch[stage]:
+            method(self, *args)
 
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
@@ -437,7 +434,6 @@ class Trainer:
                 raise DataError(f'train_dataloader ended after {self.inner_iter} batches but reported '
                                 f'{self.iters_per_epoch}') from None
             self.data_batch = batch = self.to_device(batch)
-            self._stage = 'before_train_iter'
             for method in before_iter:
                 method(self)
             self.outputs = self.train_step(batch)
@@ -450,12 +446,14 @@ class Trainer:
         del batches  # shuts data-loader workers down before the epoch-end hooks
         if self.inner_iter < length:
             return  # stopped early: the epoch is not over
+        self._stage = 'after_train_epoch'
         self.call_hook('after_train_epoch')
+        self._stage = None
         self.epoch += 1
         self.inner_iter = 0
 
     def to_device(self, batch):
-        if self.device.type == 'cpu':
+        if self._batches_stay:
             return batch
         return move_to_device(batch, self.device)
 
@@ -529,7 +527,8 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint_position(self):
-        """``(epoch, iter, inner_iter)`` of the next iteration to run, at any stage."""
+        """``(epoch, iter, inner_iter)`` of the next iteration to run, at any stage — also
+        from validation or a save run inside ``after_train_iter`` / ``after_train_epoch``."""
         if self._stage == 'after_train_iter':
             return self.epoch, self.iter + 1, self.inner_iter + 1
         if self._stage == 'after_train_epoch':

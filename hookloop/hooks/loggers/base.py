@@ -90,7 +90,6 @@ class LoggerHook(Hook):
         self.ignore_last = ignore_last
         self.by_epoch = by_epoch
         self._mark = None
-        self._in_train_iter = False
         self._opened = False
 
     # -- hooks ------------------------------------------------------------------------------
@@ -101,13 +100,7 @@ class LoggerHook(Hook):
             self.open(trainer)
             self._opened = True
 
-    def before_train_iter(self, trainer):
-        # Validation may run inside after_train_iter (EvaluationHook by iterations);
-        # this flag tells after_val_epoch whether the current iteration is complete.
-        self._in_train_iter = True
-
     def after_train_iter(self, trainer):
-        self._in_train_iter = False
         if not self.should_log(trainer):
             return
         summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
@@ -119,7 +112,7 @@ class LoggerHook(Hook):
     def after_val_epoch(self, trainer):
         if not self._opened:  # rank != 0, or trainer.val() outside a run
             return
-        completed = trainer.iter + 1 if self._in_train_iter else trainer.iter
+        _, completed, _ = trainer.checkpoint_position()  # right also when run inside after_train_iter
         record = {'mode': 'val', 'epoch': trainer.epoch + 1, 'iter': completed}
         record.update({k: _number(v) for k, v in trainer.metrics.items()})
         self.log(trainer, record)

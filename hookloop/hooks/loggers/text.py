@@ -58,8 +58,7 @@ class TextLoggerHook(LoggerHook):
                                      'exp_name': self.exp_name})
         self._wall_start = time.perf_counter()
 
-    def before_train_iter(self, trainer):
-        super().before_train_iter(trainer)
+    def before_train_epoch(self, trainer):
         if self._start_iter is None:  # the first iteration this process runs (a resume starts later)
             self._start_iter = self._last_iter = trainer.iter
 
