@@ -2,17 +2,18 @@
 
 Configure with ``lr_config=dict(policy='Step', step=[8, 11], warmup='linear', warmup_iters=500)``
 or ``custom_hooks=[dict(type='StepLrUpdaterHook', ...)]``. The math lives in
-``hookloop.schedules``; these classes check arguments and pick the progress counter.
+``hookloop.schedules``; these classes check arguments and pick the progress counter. The
+policies momentum has too (Step, CosineAnnealing, LinearAnnealing, Cyclic, OneCycle) keep
+their checks and values in mixins in ``param_schedule``, shared with the momentum hooks.
 See ``docs/schedules.md`` for every policy and MMCV's surprising corners.
 """
-import numbers
-
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
 from .. import schedules
-from .param_schedule import (ParamScheduleHook, check_anneal, check_min_value, check_number, check_step,
-                             check_target_ratio, per_group)
+from .param_schedule import (AnnealingPolicy, CosineAnnealingPolicy, CyclicPolicy, LinearAnnealingPolicy,
+                             OneCyclePolicy, ParamScheduleHook, StepPolicy, check_number, check_number_or_list,
+                             per_group)
 
 
 class LrUpdaterHook(ParamScheduleHook):
@@ -26,6 +27,7 @@ class LrUpdaterHook(ParamScheduleHook):
 
     PRIORITY = Priority.VERY_HIGH
     ROLE = 'lr'
+    VALUE_NAME = 'lr'
     WARMUP_RATIO = 0.1
 
     def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=0.1, warmup_by_epoch=False):
@@ -36,7 +38,7 @@ class LrUpdaterHook(ParamScheduleHook):
         return self.base_values
 
     def get_lr(self, trainer, base_lr):
-        raise NotImplementedError
+        return self.value(trainer, base_lr)
 
     def get_value(self, trainer, base):
         return self.get_lr(trainer, base)
@@ -56,32 +58,22 @@ class LrUpdaterHook(ParamScheduleHook):
         return [lr * factor for lr in regular]
 
 
-def _target(base, min_value, min_ratio):
-    return base * min_ratio if min_ratio is not None else min_value
-
-
 @HOOKS.register_module()
 class FixedLrUpdaterHook(LrUpdaterHook):
     """The base learning rate throughout (useful with warm-up)."""
 
-    def get_lr(self, trainer, base_lr):
-        return base_lr
+    def value(self, trainer, base):
+        return base
 
 
 @HOOKS.register_module()
-class StepLrUpdaterHook(LrUpdaterHook):
+class StepLrUpdaterHook(StepPolicy, LrUpdaterHook):
     """``base * gamma ** k``, k = steps reached. ``step``: an int (decay every ``step``
     epochs/iterations) or an increasing list of milestones; ``min_lr``: a floor."""
 
     def __init__(self, step, gamma=0.1, min_lr=None, **kwargs):
-        owner = type(self).__name__
-        self.step = check_step(owner, step)
-        self.gamma = check_number(owner, 'gamma', gamma)
-        self.min_lr = None if min_lr is None else check_number(owner, 'min_lr', min_lr)
+        self.init_policy(step, gamma, min_lr)
         super().__init__(**kwargs)
-
-    def get_lr(self, trainer, base_lr):
-        return schedules.step_value(base_lr, self.progress(trainer)[0], self.step, self.gamma, self.min_lr)
 
 
 @HOOKS.register_module()
@@ -92,8 +84,8 @@ class ExpLrUpdaterHook(LrUpdaterHook):
         self.gamma = check_number(type(self).__name__, 'gamma', gamma)
         super().__init__(**kwargs)
 
-    def get_lr(self, trainer, base_lr):
-        return schedules.exp_value(base_lr, self.progress(trainer)[0], self.gamma)
+    def value(self, trainer, base):
+        return schedules.exp_value(base, self.progress(trainer)[0], self.gamma)
 
 
 @HOOKS.register_module()
@@ -106,9 +98,9 @@ class PolyLrUpdaterHook(LrUpdaterHook):
         self.min_lr = check_number(owner, 'min_lr', min_lr)
         super().__init__(**kwargs)
 
-    def get_lr(self, trainer, base_lr):
+    def value(self, trainer, base):
         progress, max_progress = self.progress(trainer)
-        return schedules.poly_value(base_lr, progress, max_progress, self.power, self.min_lr)
+        return schedules.poly_value(base, progress, max_progress, self.power, self.min_lr)
 
 
 @HOOKS.register_module()
@@ -121,28 +113,22 @@ class InvLrUpdaterHook(LrUpdaterHook):
         self.power = check_number(owner, 'power', power)
         super().__init__(**kwargs)
 
-    def get_lr(self, trainer, base_lr):
-        return schedules.inv_value(base_lr, self.progress(trainer)[0], self.gamma, self.power)
+    def value(self, trainer, base):
+        return schedules.inv_value(base, self.progress(trainer)[0], self.gamma, self.power)
 
 
 @HOOKS.register_module()
-class CosineAnnealingLrUpdaterHook(LrUpdaterHook):
+class CosineAnnealingLrUpdaterHook(CosineAnnealingPolicy, LrUpdaterHook):
     """Cosine from the base learning rate to ``min_lr`` (or ``base * min_lr_ratio``; give
     exactly one) at ``progress == max`` (never reached: the last epoch/iteration is max - 1)."""
 
     def __init__(self, min_lr=None, min_lr_ratio=None, **kwargs):
-        check_min_value(type(self).__name__, 'lr', min_lr, min_lr_ratio)
-        self.min_lr, self.min_lr_ratio = min_lr, min_lr_ratio
+        self.init_policy(min_lr, min_lr_ratio)
         super().__init__(**kwargs)
-
-    def get_lr(self, trainer, base_lr):
-        progress, max_progress = self.progress(trainer)
-        return schedules.cosine_value(base_lr, progress, max_progress,
-                                      _target(base_lr, self.min_lr, self.min_lr_ratio))
 
 
 @HOOKS.register_module()
-class FlatCosineAnnealingLrUpdaterHook(LrUpdaterHook):
+class FlatCosineAnnealingLrUpdaterHook(AnnealingPolicy, LrUpdaterHook):
     """Flat at the base learning rate for ``start_percent`` (a float in [0, 1]) of training,
     then cosine to ``min_lr`` / ``base * min_lr_ratio``."""
 
@@ -150,18 +136,17 @@ class FlatCosineAnnealingLrUpdaterHook(LrUpdaterHook):
         owner = type(self).__name__
         if not isinstance(start_percent, float) or not 0 <= start_percent <= 1:
             raise ConfigError(f'{owner}: start_percent must be a float in [0, 1], got {start_percent!r}')
-        check_min_value(owner, 'lr', min_lr, min_lr_ratio)
-        self.start_percent, self.min_lr, self.min_lr_ratio = start_percent, min_lr, min_lr_ratio
+        self.start_percent = start_percent
+        self.init_policy(min_lr, min_lr_ratio)
         super().__init__(**kwargs)
 
-    def get_lr(self, trainer, base_lr):
+    def value(self, trainer, base):
         progress, max_progress = self.progress(trainer)
-        return schedules.flat_cosine_value(base_lr, progress, max_progress, self.start_percent,
-                                           _target(base_lr, self.min_lr, self.min_lr_ratio))
+        return schedules.flat_cosine_value(base, progress, max_progress, self.start_percent, self.target(base))
 
 
 @HOOKS.register_module()
-class CosineRestartLrUpdaterHook(LrUpdaterHook):
+class CosineRestartLrUpdaterHook(AnnealingPolicy, LrUpdaterHook):
     """Cosine annealing restarted after each of ``periods`` (epochs or iterations); at the
     start of period i the learning rate is ``target + restart_weights[i] * (base - target)``.
     The periods must cover the whole run."""
@@ -176,9 +161,8 @@ class CosineRestartLrUpdaterHook(LrUpdaterHook):
                               f'({len(periods)}), got {restart_weights!r}')
         for weight in restart_weights:
             check_number(owner, 'restart_weights item', weight)
-        check_min_value(owner, 'lr', min_lr, min_lr_ratio)
+        self.init_policy(min_lr, min_lr_ratio)
         self.periods, self.restart_weights = list(periods), list(restart_weights)
-        self.min_lr, self.min_lr_ratio = min_lr, min_lr_ratio
         super().__init__(**kwargs)
 
     def prepare(self, trainer):
@@ -188,29 +172,22 @@ class CosineRestartLrUpdaterHook(LrUpdaterHook):
             raise ConfigError(f'{type(self).__name__}: periods {self.periods} cover {sum(self.periods)} {unit} '
                               f'but the run has {max_progress}; lengthen the periods')
 
-    def get_lr(self, trainer, base_lr):
-        return schedules.cosine_restart_value(base_lr, self.progress(trainer)[0], self.periods,
-                                              self.restart_weights,
-                                              _target(base_lr, self.min_lr, self.min_lr_ratio))
+    def value(self, trainer, base):
+        return schedules.cosine_restart_value(base, self.progress(trainer)[0], self.periods, self.restart_weights,
+                                              self.target(base))
 
 
 @HOOKS.register_module()
-class LinearAnnealingLrUpdaterHook(LrUpdaterHook):
+class LinearAnnealingLrUpdaterHook(LinearAnnealingPolicy, LrUpdaterHook):
     """A straight line from the base learning rate to ``min_lr`` / ``base * min_lr_ratio``."""
 
     def __init__(self, min_lr=None, min_lr_ratio=None, **kwargs):
-        check_min_value(type(self).__name__, 'lr', min_lr, min_lr_ratio)
-        self.min_lr, self.min_lr_ratio = min_lr, min_lr_ratio
+        self.init_policy(min_lr, min_lr_ratio)
         super().__init__(**kwargs)
-
-    def get_lr(self, trainer, base_lr):
-        progress, max_progress = self.progress(trainer)
-        return schedules.linear_annealing_value(base_lr, progress, max_progress,
-                                                _target(base_lr, self.min_lr, self.min_lr_ratio))
 
 
 @HOOKS.register_module()
-class CyclicLrUpdaterHook(LrUpdaterHook):
+class CyclicLrUpdaterHook(CyclicPolicy, LrUpdaterHook):
     """Cyclic learning rate (per iteration only): ``cyclic_times`` cycles, each rising from
     the base to ``base * target_ratio[0]`` during ``step_ratio_up`` of the cycle, then falling
     to ``base * target_ratio[1]``; ``gamma`` in (0, 1] shrinks each later cycle's peak.
@@ -219,30 +196,14 @@ class CyclicLrUpdaterHook(LrUpdaterHook):
     ``'cos'`` or ``'linear'``.
     """
 
-    BY_ITER_ONLY = True
-
     def __init__(self, by_epoch=False, target_ratio=(10, 1e-4), cyclic_times=1, step_ratio_up=0.4,
                  anneal_strategy='cos', gamma=1, **kwargs):
-        owner = type(self).__name__
-        self.target_ratio = check_target_ratio(owner, target_ratio)
-        self.cyclic_times = check_number(owner, 'cyclic_times', cyclic_times, low=0, low_open=True, integer=True)
-        self.step_ratio_up = check_number(owner, 'step_ratio_up', step_ratio_up, low=0, high=1, high_open=True)
-        self.anneal_strategy = check_anneal(owner, anneal_strategy)
-        self.gamma = check_number(owner, 'gamma', gamma, low=0, high=1, low_open=True)
+        self.init_policy(target_ratio, cyclic_times, step_ratio_up, anneal_strategy, gamma)
         super().__init__(by_epoch=by_epoch, **kwargs)
-
-    def prepare(self, trainer):
-        if trainer.max_iters // self.cyclic_times < 1:
-            raise ConfigError(f'{type(self).__name__}: cyclic_times={self.cyclic_times} is more than the '
-                              f'{trainer.max_iters} iterations of the run')
-
-    def get_lr(self, trainer, base_lr):
-        return schedules.cyclic_value(base_lr, trainer.iter, trainer.max_iters, self.target_ratio,
-                                      self.cyclic_times, self.step_ratio_up, self.anneal_strategy, self.gamma)
 
 
 @HOOKS.register_module()
-class OneCycleLrUpdaterHook(LrUpdaterHook):
+class OneCycleLrUpdaterHook(OneCyclePolicy, LrUpdaterHook):
     """The 1cycle policy (per iteration only). The base learning rate of every group is
     ``max_lr / div_factor`` whatever the optimizer says; it rises to ``max_lr`` by
     ``pct_start * total_steps`` and anneals to ``base / final_div_factor`` at ``total_steps``.
@@ -255,25 +216,16 @@ class OneCycleLrUpdaterHook(LrUpdaterHook):
         div_factor, final_div_factor; three_phase: go back to the base before the final fall.
     """
 
-    BY_ITER_ONLY = True
-
     def __init__(self, max_lr, total_steps=None, pct_start=0.3, anneal_strategy='cos', div_factor=25,
                  final_div_factor=1e4, three_phase=False, by_epoch=False, **kwargs):
         owner = type(self).__name__
-        if not isinstance(max_lr, (numbers.Real, list, tuple)) or isinstance(max_lr, bool):
-            raise ConfigError(f'{owner}: max_lr must be a number or a list (one per parameter group), '
-                              f'got {max_lr!r}')
+        self.max_lr = check_number_or_list(owner, 'max_lr', max_lr)
         if total_steps is not None:
             check_number(owner, 'total_steps', total_steps, low=0, low_open=True, integer=True)
-        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
-            raise ConfigError(f'{owner}: pct_start must be a float in [0, 1], got {pct_start!r}')
-        self.max_lr = max_lr
         self.total_steps = total_steps
-        self.pct_start = pct_start
-        self.anneal_strategy = check_anneal(owner, anneal_strategy)
+        self.init_policy(pct_start, anneal_strategy, three_phase)
         self.div_factor = check_number(owner, 'div_factor', div_factor, low=0, low_open=True)
         self.final_div_factor = check_number(owner, 'final_div_factor', final_div_factor, low=0, low_open=True)
-        self.three_phase = bool(three_phase)
         self.cycle_steps = total_steps
         super().__init__(by_epoch=by_epoch, **kwargs)
 
@@ -296,15 +248,10 @@ class OneCycleLrUpdaterHook(LrUpdaterHook):
                               f'max_iters={trainer.max_iters}')
         else:
             self.cycle_steps = self.total_steps
-        ends = schedules.one_cycle_phases(self.cycle_steps, self.pct_start, self.three_phase)
-        starts = [0] + ends[:-1]
-        # a phase of zero length would divide by zero when reached (MMCV crashes there)
-        if any(end == start for start, end in zip(starts, ends)):
-            raise ConfigError(f'{owner}: pct_start={self.pct_start} with {self.cycle_steps} steps leaves a phase '
-                              f'without iterations (phase ends {ends}); raise pct_start or the steps')
+        self.check_phases(self.cycle_steps, 'steps', '; raise pct_start or the steps')
 
-    def get_lr(self, trainer, base_lr):
-        return schedules.one_cycle_lr(base_lr, trainer.iter, self.cycle_steps, self.pct_start, self.div_factor,
+    def value(self, trainer, base):
+        return schedules.one_cycle_lr(base, trainer.iter, self.cycle_steps, self.pct_start, self.div_factor,
                                       self.final_div_factor, self.three_phase, self.anneal_strategy)
 
 

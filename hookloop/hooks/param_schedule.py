@@ -7,11 +7,16 @@ MMCV 1.x timing, which both updaters keep:
     ``before_train_iter`` only acts during warm-up, which is counted in iterations;
   * ``by_epoch=False``: everything happens in ``before_train_iter``.
 The regular value is a pure function of (epoch or iteration, max), so resuming needs no state.
+
+The policies that exist for both the learning rate and the momentum (Step, CosineAnnealing,
+LinearAnnealing, Cyclic, OneCycle) keep their checks and values here, in mixins that both
+hooks of a policy use; see "Policies" below.
 """
 import inspect
 import numbers
 
 from ..errors import ConfigError
+from .. import schedules
 from ..schedules import WARMUP_KINDS
 from .base import Hook
 
@@ -81,6 +86,13 @@ def check_target_ratio(owner, target_ratio):
     raise ConfigError(f'{owner}: target_ratio must be a number or a pair of numbers, got {target_ratio!r}')
 
 
+def check_number_or_list(owner, name, value):
+    """A number, or a list with one per parameter group (its length is checked by ``per_group``)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, list, tuple)):
+        raise ConfigError(f'{owner}: {name} must be a number or a list (one per parameter group), got {value!r}')
+    return value
+
+
 def per_group(owner, name, value, groups):
     """A number -> one per parameter group; a list must have one per group."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -93,7 +105,7 @@ def per_group(owner, name, value, groups):
 
 class ParamScheduleHook(Hook):
     """Sets one value of every parameter group (the learning rate, the momentum) from a
-    schedule and an optional warm-up. Subclasses define ``get_value(trainer, base)``.
+    schedule and an optional warm-up. A policy defines ``value(trainer, base)``.
 
     Args:
         by_epoch: the schedule advances per epoch (else per iteration).
@@ -104,6 +116,7 @@ class ParamScheduleHook(Hook):
         warmup_by_epoch: count ``warmup_iters`` in epochs (converted with the loader's length).
     """
 
+    VALUE_NAME = None  # the value driven, as argument names and messages spell it: 'lr', 'momentum'
     WARMUP_RATIO = 0.1
     BY_ITER_ONLY = False  # Cyclic and OneCycle advance per iteration only
 
@@ -148,8 +161,14 @@ class ParamScheduleHook(Hook):
         cls.__signature__ = inspect.Signature(params)
 
     # -- what subclasses provide ------------------------------------------------------------
-    def get_value(self, trainer, base):
+    def value(self, trainer, base):
+        """The policy: the regular value of a group whose base value is ``base``."""
         raise NotImplementedError
+
+    def get_value(self, trainer, base):
+        """What the stages call; the LR / momentum hooks route it through MMCV's
+        ``get_lr`` / ``get_momentum``, so subclasses written for MMCV keep working."""
+        return self.value(trainer, base)
 
     def read_base(self, trainer):
         """The base value of each parameter group."""
@@ -210,5 +229,97 @@ class ParamScheduleHook(Hook):
                 self.write(trainer.optimizer.param_groups, self.warmup_values(cur_iter, self.regular_values))
 
 
+# -- Policies ---------------------------------------------------------------------------------
+# A policy that exists for both values is a mixin holding its arguments, their checks and
+# ``value(trainer, base)``; ``StepLrUpdaterHook(StepPolicy, LrUpdaterHook)`` and
+# ``StepMomentumUpdaterHook(StepPolicy, MomentumUpdaterHook)`` differ only in the names and
+# defaults of their arguments, which their ``__init__`` spells out and hands to ``init_policy``.
+# Messages name the arguments after the hook's ``VALUE_NAME`` (``min_lr``, ``min_momentum``).
+# The mixins have no ``__init__``, so ``__init_subclass__`` publishes the hook's own arguments
+# plus those of LrUpdaterHook / MomentumUpdaterHook.
+
+class StepPolicy:
+    """``base * gamma ** k``, k = steps reached, at least ``min_value`` when given."""
+
+    def init_policy(self, step, gamma, min_value):
+        owner = type(self).__name__
+        self.step = check_step(owner, step)
+        self.gamma = check_number(owner, 'gamma', gamma)
+        self.min_value = None if min_value is None else check_number(owner, f'min_{self.VALUE_NAME}', min_value)
+
+    def value(self, trainer, base):
+        return schedules.step_value(base, self.progress(trainer)[0], self.step, self.gamma, self.min_value)
+
+
+class AnnealingPolicy:
+    """Anneals from the base value to ``min_value`` or ``base * min_ratio`` (exactly one given)."""
+
+    def init_policy(self, min_value, min_ratio):
+        check_min_value(type(self).__name__, self.VALUE_NAME, min_value, min_ratio)
+        self.min_value, self.min_ratio = min_value, min_ratio
+
+    def target(self, base):
+        return base * self.min_ratio if self.min_ratio is not None else self.min_value
+
+
+class CosineAnnealingPolicy(AnnealingPolicy):
+    def value(self, trainer, base):
+        progress, max_progress = self.progress(trainer)
+        return schedules.cosine_value(base, progress, max_progress, self.target(base))
+
+
+class LinearAnnealingPolicy(AnnealingPolicy):
+    def value(self, trainer, base):
+        progress, max_progress = self.progress(trainer)
+        return schedules.linear_annealing_value(base, progress, max_progress, self.target(base))
+
+
+class CyclicPolicy:
+    """``cyclic_times`` cycles over the run's iterations, from the base to ``base * target_ratio[0]``
+    during ``step_ratio_up`` of a cycle, then to ``base * target_ratio[1]``."""
+
+    BY_ITER_ONLY = True
+
+    def init_policy(self, target_ratio, cyclic_times, step_ratio_up, anneal_strategy, gamma):
+        owner = type(self).__name__
+        self.target_ratio = check_target_ratio(owner, target_ratio)
+        self.cyclic_times = check_number(owner, 'cyclic_times', cyclic_times, low=0, low_open=True, integer=True)
+        self.step_ratio_up = check_number(owner, 'step_ratio_up', step_ratio_up, low=0, high=1, high_open=True)
+        self.anneal_strategy = check_anneal(owner, anneal_strategy)
+        self.gamma = check_number(owner, 'gamma', gamma, low=0, high=1, low_open=True)
+
+    def prepare(self, trainer):
+        if trainer.max_iters // self.cyclic_times < 1:
+            raise ConfigError(f'{type(self).__name__}: cyclic_times={self.cyclic_times} is more than the '
+                              f'{trainer.max_iters} iterations of the run')
+
+    def value(self, trainer, base):
+        return schedules.cyclic_value(base, trainer.iter, trainer.max_iters, self.target_ratio,
+                                      self.cyclic_times, self.step_ratio_up, self.anneal_strategy, self.gamma)
+
+
+class OneCyclePolicy:
+    """The arguments and checks both 1cycle hooks share; their values differ."""
+
+    BY_ITER_ONLY = True
+
+    def init_policy(self, pct_start, anneal_strategy, three_phase):
+        owner = type(self).__name__
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            raise ConfigError(f'{owner}: pct_start must be a float in [0, 1], got {pct_start!r}')
+        self.pct_start = pct_start
+        self.anneal_strategy = check_anneal(owner, anneal_strategy)
+        self.three_phase = bool(three_phase)
+
+    def check_phases(self, steps, unit, advice=''):
+        """Refuse a phase of zero length: it would divide by zero when reached (MMCV crashes there)."""
+        ends = schedules.one_cycle_phases(steps, self.pct_start, self.three_phase)
+        starts = [0] + ends[:-1]
+        if any(end == start for start, end in zip(starts, ends)):
+            raise ConfigError(f'{type(self).__name__}: pct_start={self.pct_start} with {steps} {unit} leaves a '
+                              f'phase without iterations (phase ends {ends}){advice}')
+
+
 __all__ = ['ParamScheduleHook', 'check_number', 'check_step', 'check_min_value', 'check_anneal',
-           'check_target_ratio', 'per_group']
+           'check_target_ratio', 'check_number_or_list', 'per_group', 'StepPolicy', 'AnnealingPolicy',
+           'CosineAnnealingPolicy', 'LinearAnnealingPolicy', 'CyclicPolicy', 'OneCyclePolicy']
