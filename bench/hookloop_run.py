@@ -32,7 +32,7 @@ class Regression(nn.Module):
 
 class Stamp(Hook):
     def after_train_iter(self, trainer):
-        rec.iter_end()
+        rec.iter_end(trainer.outputs['loss'])  # a reference only: read once, at the report
 
 
 model = Regression(C.build_net(args.model))
