@@ -26,6 +26,15 @@ class Regressor(nn.Module):
         return nn.functional.mse_loss(prediction, y)
 
 
+def train_and_close(trainer):
+    """Train, always release the trainer's log files, return the trainer."""
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return trainer
+
+
 @pytest.fixture
 def dataset():
     return regression_data()

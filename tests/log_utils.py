@@ -7,6 +7,7 @@ import torch
 
 from hookloop import Trainer
 from conftest import Regressor, regression_data
+from conftest import train_and_close as run  # noqa: F401  (used by the logging tests)
 
 
 def make_trainer(work_dir, hooks, interval=5, max_epochs=2, batch_size=4, val=False, cfg=None, device='cpu',
@@ -23,14 +24,6 @@ def make_trainer(work_dir, hooks, interval=5, max_epochs=2, batch_size=4, val=Fa
     return Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05, momentum=0.9), train_dataloader=loader,
                    max_epochs=max_epochs, work_dir=work_dir, seed=0, device=device, cfg=cfg,
                    log_config=dict(interval=interval, hooks=hooks), **extra)
-
-
-def run(trainer):
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return trainer
 
 
 def json_records(work_dir, mode=None):

@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader
 
 import hookloop.checkpoint as ckpt_module
 from conftest import Regressor, regression_data
+from conftest import train_and_close as train
 from hookloop import Trainer
 from hookloop.checkpoint import load_checkpoint, read_pointer, save_checkpoint, update_pointer
 from hookloop.errors import CheckpointError, ConfigError
@@ -21,14 +22,6 @@ def make_trainer(work_dir, epochs=2, checkpoint=None, **kwargs):
     return Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=loader, max_epochs=epochs,
                    work_dir=work_dir, seed=0, device='cpu', log_config=dict(interval=100),
                    checkpoint_config=checkpoint or dict(interval=1), **kwargs)
-
-
-def train(trainer):
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return trainer
 
 
 def scripted_metric(name, values):

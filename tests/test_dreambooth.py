@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import train_and_close as train
 from hookloop import ConfigError, Hook, build_trainer
 from hookloop.dreambooth import TinyDiffusion, ToySubjectSamples, pretrain_toy_model
 from hookloop.dreambooth.toy import toy_pattern
@@ -39,14 +40,6 @@ def dreambooth(work_dir, model, **overrides):
                 work_dir=str(work_dir), seed=0, device='cpu', log_config=dict(interval=2))
     args.update(overrides)
     return build_trainer('dreambooth_diffusion', default_args=args)
-
-
-def train(trainer):
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return trainer
 
 
 def mean_distances(model, prompt, seed=123, count=64):

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from conftest import train_and_close
 from hookloop import Trainer
 from hookloop.data import ResumableBatchSampler
 from resume_helpers import AugmentedRegression, DropoutRegressor, assert_states_equal
@@ -52,11 +53,7 @@ def final_state(trainer):
 
 
 def run(trainer):
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return final_state(trainer)
+    return final_state(train_and_close(trainer))
 
 
 @pytest.mark.slow
