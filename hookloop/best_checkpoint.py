@@ -6,6 +6,7 @@ instance and state.
 """
 import os
 
+from .checkpoint import remove_checkpoint
 from .errors import ConfigError
 
 # Substrings of metric names whose larger / smaller value is better (case-insensitive),
@@ -70,7 +71,7 @@ class BestCheckpoint:
         if trainer.rank == 0 and previous and previous != self.path:
             for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
                 if os.path.exists(victim):
-                    os.remove(victim)
+                    remove_checkpoint(victim)
         trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
         return True
 

@@ -6,6 +6,7 @@ A checkpoint is a dict of tensors and plain containers, so
 import glob
 import os
 import pickle
+import shutil
 import random
 import re
 import tempfile
@@ -50,12 +51,20 @@ def atomic_write(path, write):
     _fsync_dir(directory)
 
 
+def remove_checkpoint(path):
+    """Delete a checkpoint: a file, or an FSDP checkpoint directory of shards."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
 def save_checkpoint(checkpoint, path):
     """Write ``checkpoint`` to ``path`` atomically; CheckpointError on I/O failure."""
     try:
         atomic_write(path, lambda f: torch.save(checkpoint, f))
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
-        raise CheckpointError(f'could not write checkpoint {path}: {exc.strerror or exc}; '
+        raise CheckpointError(f'could not write checkpoint {path}: {getattr(exc, "strerror", None) or exc}; '
                               'the previous checkpoint is kept') from exc
 
 
@@ -69,7 +78,7 @@ def update_pointer(work_dir, checkpoint_path):
         atomic_write(os.path.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
     except OSError as exc:
         raise CheckpointError(f'could not update {os.path.join(work_dir, POINTER_NAME)}: '
-                              f'{exc.strerror or exc}; it still names the previous checkpoint') from exc
+                              f'{getattr(exc, "strerror", None) or exc}; it still names the previous checkpoint') from exc
 
 
 def remove_stale_temporaries(directory):
@@ -99,7 +108,7 @@ def save_safetensors(state_dict, path):
     try:
         atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
     except OSError as exc:
-        raise CheckpointError(f'could not write {path}: {exc.strerror or exc}') from exc
+        raise CheckpointError(f'could not write {path}: {getattr(exc, "strerror", None) or exc}') from exc
 
 
 def read_pointer(work_dir):

@@ -3,6 +3,8 @@ from collections.abc import Mapping
 
 import torch
 
+from .errors import ConfigError
+
 
 def move_to_device(batch, device):
     """``batch`` with every tensor on ``device`` (dicts, lists and tuples are walked)."""
@@ -40,6 +42,6 @@ def as_outputs(outputs):
         fields = {k: v for k, v in vars(outputs).items() if not k.startswith('_')} if hasattr(outputs, '__dict__') else {}
         fields['loss'] = outputs.loss
         return fields
-    raise TypeError(f'the model (or loss_fn) returned a {type(outputs).__name__}; a training step must return '
+    raise ConfigError(f'the model (or loss_fn) returned a {type(outputs).__name__}; a training step must return '
                     'a loss tensor, a dict with a "loss" entry, or an object with a .loss attribute '
                     '(pass loss_fn=... to turn plain outputs into a loss)')

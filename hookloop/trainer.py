@@ -104,9 +104,10 @@ class Trainer:
             raise ConfigError('give exactly one of max_epochs and max_iters '
                               f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
         self.by_epoch = max_epochs is not None
-        if resume_from is not None and load_from is not None:
+        if resume_from not in (None, 'auto') and load_from is not None:
             raise ConfigError('resume_from and load_from exclude each other: resume continues a run, '
-                              'load_from starts a new one from its weights')
+                              'load_from starts a new one from its weights (with resume_from="auto", '
+                              'load_from is used only when there is nothing to resume)')
         for name, path in (('resume_from', resume_from), ('load_from', load_from)):
             sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
             if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
@@ -161,6 +162,7 @@ class Trainer:
         self._hook_entries = []  # (priority, registration index, hook)
         self._dispatch = None
         self._stage = None  # 'after_train_iter' / 'after_train_epoch' while those run (checkpoint_position)
+        self._running = False
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
@@ -222,6 +224,9 @@ class Trainer:
         if not isinstance(hook, Hook):
             raise ConfigError(f'a hook must be a hookloop.Hook or a config dict, got {type(hook).__name__}')
         value = get_priority(getattr(hook, 'PRIORITY', Priority.NORMAL) if priority is None else priority)
+        self._hook_entries = [entry for entry in self._hook_entries
+                              if not (getattr(entry[2], '_default_for_role', False)
+                                      and role_of(entry[2]) == role_of(hook))]
         for _, _, other in self._hook_entries:
             if other is hook:
                 raise ConfigError(f'{hook.name} is already registered')
@@ -252,7 +257,11 @@ class Trainer:
     @staticmethod
     def _policy_hook_cfg(cfg, suffix):
         """``dict(policy='Step', ...)`` -> ``dict(type='StepLrUpdaterHook', ...)``."""
-        if isinstance(cfg, Hook) or 'type' in cfg:
+        if isinstance(cfg, Hook):
+            return cfg
+        if not isinstance(cfg, Mapping):
+            raise ConfigError(f'{suffix} config must be a dict like dict(policy=...), got {cfg!r}')
+        if 'type' in cfg:
             return cfg
         cfg = dict(cfg)
         if 'policy' not in cfg:
@@ -326,7 +335,8 @@ class Trainer:
         if 'evaluation' not in roles and self.val_dataloader is not None:
             defaults.append(dict(type='EvaluationHook'))
         for cfg in defaults:
-            self.register_hook(cfg)
+            # A default stands in for an empty role until a hook of that role is registered.
+            self.register_hook(cfg)._default_for_role = True
 
     def resolve_hooks(self):
         """Add default hooks for empty roles and build the stage -> methods dispatch table."""
@@ -378,18 +388,22 @@ class Trainer:
         self.resolve_hooks()
         self.logger.info('seed: %d, device: %s, work_dir: %s', self.seed, self.device, self.work_dir)
         self.logger.info('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
-        if self.load_from is not None:
+        resume_path = self._resume_path()
+        if self.load_from is not None and resume_path is None:
             self.load_weights(self.load_from)
-        self.exception = None
+        self.exception = self.stop_reason = None
+        self._running = True
         try:
             self.call_hook('before_run')
-            self._resume_if_asked()
+            if resume_path is not None:
+                self._restore(resume_path)
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
         except BaseException as exc:
             self.exception = exc
             raise
         finally:
+            self._running = False
             self._finish_run()
         return self.model
 
@@ -504,8 +518,9 @@ class Trainer:
         # (every rank runs the same number of forwards, FSDP needs that); the evaluator
         # sees only this rank's real samples, so the metric covers each sample once.
         remaining = real_samples(self.val_dataloader)
+        self.val_iter = 0  # validation iterations completed, as iter counts training ones
         with torch.no_grad():
-            for self.val_iter, batch in enumerate(self.val_dataloader):
+            for batch in self.val_dataloader:
                 self.data_batch = batch = self.to_device(batch)
                 for method in before_iter:
                     method(self)
@@ -519,6 +534,7 @@ class Trainer:
                         self.val_evaluator.update(outputs, kept)
                 for method in after_iter:
                     method(self)
+                self.val_iter += 1
         self.metrics = dict(self.val_evaluator.compute()) if self.val_evaluator is not None else {}
         self.call_hook('after_val_epoch')
         self.wrapped_model.train(was_training)
@@ -570,20 +586,32 @@ class Trainer:
                 update_pointer(self.work_dir, path)
         return path
 
-    def _resume_if_asked(self):
+    def _resume_path(self):
+        """The checkpoint ``train()`` continues from, or None for a new run."""
         path = self.resume_from
         if path == 'auto' or (path is None and self.auto_resume):
             path = read_pointer(self.work_dir)
             if path is None:
                 self.logger.info('no last_checkpoint in %s: starting a new run', self.work_dir)
-                return
-            if not os.path.isfile(path):
+                return None
+            if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
                 raise CheckpointError(f'{os.path.join(self.work_dir, "last_checkpoint")} names {path!r}, '
                                       'which does not exist (moved or deleted?)')
-        if path is not None:
-            self.resume(path)
+        return path
 
     def resume(self, path):
+        """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
+        ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
+        after ``before_run``, so hooks that initialise there (EMA) get their saved state back;
+        during a run (a hook's ``before_run``) it is restored at once."""
+        if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
+            raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
+        if self._running:
+            return self._restore(path)
+        self.resume_from, self.load_from = path, None
+        return None
+
+    def _restore(self, path):
         """Restore model, optimizer, counters, hook states and RNG from a checkpoint."""
         if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
             checkpoint = load_sharded(path, self.model, self.optimizer)
@@ -592,9 +620,13 @@ class Trainer:
             for key in ('meta', 'state_dict'):
                 if key not in checkpoint:
                     raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
-            self.model.load_state_dict(checkpoint['state_dict'])
-            if 'optimizer' in checkpoint and self.optimizer is not None:
-                self.optimizer.load_state_dict(checkpoint['optimizer'])
+            try:
+                self.model.load_state_dict(checkpoint['state_dict'])
+                if 'optimizer' in checkpoint and self.optimizer is not None:
+                    self.optimizer.load_state_dict(checkpoint['optimizer'])
+            except (RuntimeError, ValueError, KeyError) as exc:
+                raise CheckpointError(f'{path!r} does not fit this model/optimizer: '
+                                      f'{str(exc).strip().splitlines()[0]}') from None
         meta = checkpoint['meta']
         if meta.get('world_size', self.world_size) != self.world_size:  # the sharding of each epoch changes
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hookloop import TRAINERS, Hook, Trainer, build_trainer
+from hookloop import TRAINERS, ConfigError, Hook, Trainer, build_trainer
 from conftest import Regressor, regression_data
 
 
@@ -154,7 +154,7 @@ def test_model_without_loss_gets_clear_error(tmp_path):
     trainer = Trainer(Contract('tuple'), optimizer=dict(type='SGD', lr=0.01),
                       train_dataloader=dict(dataset=TensorData(), batch_size=2), max_iters=1, work_dir=tmp_path,
                       seed=0, device='cpu', log_level='WARNING')
-    with pytest.raises(TypeError, match='pass loss_fn'):
+    with pytest.raises(ConfigError, match='pass loss_fn'):
         trainer.train()
 
 

@@ -1,8 +1,7 @@
 """The Hook base class: named stages, each a no-op, and the interval helpers.
 
 A hook overrides the stages it needs. The trainer calls a hook only at the stages
-its class overrides (see :func:`implemented_stages`), so an unused stage costs
-nothing. MMCV's generic stages (``before_epoch``, ``after_iter``, ...) are
+its class overrides (see :func:`overrides`), so an unused stage costs nothing. MMCV's generic stages (``before_epoch``, ``after_iter``, ...) are
 supported: a hook that defines only ``after_iter`` is called after train *and*
 val iterations.
 """

@@ -2,7 +2,7 @@
 import os
 
 from ..best_checkpoint import BestCheckpoint
-from ..checkpoint import read_pointer, remove_stale_temporaries, save_safetensors
+from ..checkpoint import read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
@@ -122,7 +122,7 @@ class CheckpointHook(Hook):
                 continue
             for victim in (old, os.path.splitext(old)[0] + '.safetensors'):
                 if os.path.exists(victim):
-                    os.remove(victim)
+                    remove_checkpoint(victim)
 
     def _track_best(self, trainer, filename):
         if self.best is not None:

@@ -27,13 +27,17 @@ class EvaluationHook(Hook):
     def __init__(self, interval=1, by_epoch=True, start=None, save_best=None, rule=None):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ConfigError(f'EvaluationHook interval must be a positive int, got {interval!r}')
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 0):
+            raise ConfigError(f'EvaluationHook start must be None or an int >= 0, got {start!r}')
         self.interval, self.by_epoch, self.start = interval, by_epoch, start
         self.best = BestCheckpoint('EvaluationHook', save_best, rule) if save_best is not None else None
 
     def _due(self, completed, is_last):
-        if self.start is not None and completed < self.start:
+        if self.start is None:
+            return completed % self.interval == 0 or is_last
+        if completed < self.start:
             return False
-        return completed % self.interval == 0 or is_last
+        return (completed - self.start) % self.interval == 0 or is_last  # MMCV: start, start + interval, ...
 
     def after_train_epoch(self, trainer):
         if self.by_epoch and self._due(trainer.epoch + 1, self.is_last_epoch(trainer)):
