@@ -128,6 +128,25 @@ def _cast_arguments(fn, apply_to, src_type, dst_type, decorator):
     return cast
 
 
+def _when_fp16_enabled(apply_to, name, source, target, autocast_kwargs, cast_output_to):
+    """A method decorator active only when ``self.fp16_enabled``: cast ``source`` tensor
+    arguments to ``target``, run under ``torch.autocast(**autocast_kwargs)``, and cast
+    ``target`` outputs to ``cast_output_to`` when given."""
+    def decorator(fn):
+        cast = _cast_arguments(fn, apply_to, source, target, name)
+
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            if not getattr(self, 'fp16_enabled', False):
+                return fn(self, *args, **kwargs)
+            bound = cast((self,) + args, kwargs)
+            with torch.autocast(_device_type(self, bound), **autocast_kwargs):
+                output = fn(*bound.args, **bound.kwargs)
+            return output if cast_output_to is None else cast_tensor_type(output, target, cast_output_to)
+        return wrapper
+    return decorator
+
+
 def auto_fp16(apply_to=None, out_fp32=False):
     """Decorate a module method to run it in fp16 autocast when ``self.fp16_enabled`` is True.
 
@@ -135,19 +154,8 @@ def auto_fp16(apply_to=None, out_fp32=False):
     arguments); ``out_fp32``: cast float16 outputs back to float32. When ``fp16_enabled`` is
     False (the default) the method runs unchanged.
     """
-    def decorator(fn):
-        cast = _cast_arguments(fn, apply_to, torch.float32, torch.float16, 'auto_fp16')
-
-        @functools.wraps(fn)
-        def wrapper(self, *args, **kwargs):
-            if not getattr(self, 'fp16_enabled', False):
-                return fn(self, *args, **kwargs)
-            bound = cast((self,) + args, kwargs)
-            with torch.autocast(_device_type(self, bound), dtype=torch.float16):
-                output = fn(*bound.args, **bound.kwargs)
-            return cast_tensor_type(output, torch.float16, torch.float32) if out_fp32 else output
-        return wrapper
-    return decorator
+    return _when_fp16_enabled(apply_to, 'auto_fp16', torch.float32, torch.float16, dict(dtype=torch.float16),
+                              torch.float32 if out_fp32 else None)
 
 
 def force_fp32(apply_to=None, out_fp16=False):
@@ -157,19 +165,8 @@ def force_fp32(apply_to=None, out_fp16=False):
     arguments); autocast is disabled inside the method (losses, box decoding, ...).
     ``out_fp16``: cast float32 outputs to float16.
     """
-    def decorator(fn):
-        cast = _cast_arguments(fn, apply_to, torch.float16, torch.float32, 'force_fp32')
-
-        @functools.wraps(fn)
-        def wrapper(self, *args, **kwargs):
-            if not getattr(self, 'fp16_enabled', False):
-                return fn(self, *args, **kwargs)
-            bound = cast((self,) + args, kwargs)
-            with torch.autocast(_device_type(self, bound), enabled=False):
-                output = fn(*bound.args, **bound.kwargs)
-            return cast_tensor_type(output, torch.float32, torch.float16) if out_fp16 else output
-        return wrapper
-    return decorator
+    return _when_fp16_enabled(apply_to, 'force_fp32', torch.float16, torch.float32, dict(enabled=False),
+                              torch.float16 if out_fp16 else None)
 
 
 __all__ = ['PRECISIONS', 'check_precision', 'check_loss_scale', 'build_grad_scaler', 'scale_tensor',
