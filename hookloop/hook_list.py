@@ -97,8 +97,11 @@ class HookList:
                               'when it starts; register it before train(), or after train() returns')
         default = get_priority(getattr(hook, 'PRIORITY', Priority.NORMAL))
         value = default if priority is None else get_priority(priority)
-        self._entries = [entry for entry in self._entries
-                         if not (id(entry[2]) in self._defaults and role_of(entry[2]) == role_of(hook))]
+        replaced = [entry for entry in self._entries
+                    if id(entry[2]) in self._defaults and role_of(entry[2]) == role_of(hook)]
+        for entry in replaced:
+            self._entries.remove(entry)
+            self._defaults.discard(id(entry[2]))
         for _, _, other, _ in self._entries:
             if other is hook:
                 raise ConfigError(f'{hook.name} is already registered')
