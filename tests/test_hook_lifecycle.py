@@ -60,7 +60,8 @@ class StopAt(Hook):
 # -- set-up once, run many ------------------------------------------------------------------
 def test_train_again_after_a_stop_is_bitwise_one_uninterrupted_run_with_ema_fp16_and_accumulation(tmp_path):
     # fp16 on the CPU: autocast(float16) + GradScaler('cpu'), the path test_amp.py checks.
-    options = dict(optimizer_config=dict(cumulative_iters=4, precision='fp16',
+    options = dict(lr_config=dict(policy='CosineAnnealing', min_lr=0, warmup='linear', warmup_iters=3, by_epoch=False),
+                   optimizer_config=dict(cumulative_iters=4, precision='fp16',
                                          loss_scale=dict(init_scale=2. ** 10, growth_interval=2)),
                    custom_hooks=[dict(type='EMAHook', momentum=0.1, warm_up=1)])
     results = []
