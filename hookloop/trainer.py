@@ -521,8 +521,8 @@ class Trainer:
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
         ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
-        after ``before_run``, so hooks that initialise there (EMA) get their saved state back;
-        during a run (a hook's ``before_run``) it is restored at once."""
+        after ``setup`` and ``before_run``, so what hooks build there (EMA averages) gets its
+        saved state back; during a run (a hook's ``before_run``) it is restored at once."""
         if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
         if self._running:
