@@ -85,6 +85,25 @@ def test_train_again_after_a_stop_is_bitwise_one_uninterrupted_run_with_ema_fp16
     assert all(torch.equal(state[k]['momentum_buffer'], state2[k]['momentum_buffer']) for k in state)
 
 
+def test_setup_runs_once_per_trainer_and_before_run_once_per_train_call(tmp_path):
+    calls = []
+
+    class Counted(Hook):
+        def setup(self, trainer):
+            calls.append('setup')
+
+        def before_run(self, trainer):
+            calls.append('before_run')
+    trainer = make(tmp_path, epochs=1, val_dataloader=DataLoader(regression_data(n=4), batch_size=4),
+                   val_evaluator=lambda outputs, batch: {'mse': 1.0})
+    trainer.register_hook(Counted())
+    trainer.register_hook(StopAt(3))
+    trainer.val()  # validation before training sets the hooks up too (autocast for its forward)
+    trainer.train()
+    train_and_close(trainer)
+    assert calls == ['setup', 'before_run', 'before_run']
+
+
 def test_ema_added_on_a_resume_without_ema_state_starts_from_the_resumed_weights(tmp_path):
     source = train_and_close(make(tmp_path / 'a', checkpoint_config=dict(interval=1)))
     resumed = make(tmp_path / 'b', model=Regressor(), custom_hooks=[dict(type='EMAHook', momentum=0.5)],
