@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data, train_and_close
 from hookloop import ConfigError, Hook, Trainer, auto_fp16, force_fp32
 from hookloop.evaluation import take_first
-from hookloop.hooks import CheckInvalidLossHook, EMAHook, EvaluationHook
+from hookloop.hooks import CheckInvalidLossHook, EMAHook
 
 
 def make(work_dir, model=None, epochs=2, batch_size=4, **kwargs):
