@@ -45,3 +45,63 @@ def as_outputs(outputs):
     raise ConfigError(f'the model (or loss_fn) returned a {type(outputs).__name__}; a training step must return '
                     'a loss tensor, a dict with a "loss" entry, or an object with a .loss attribute '
                     '(pass loss_fn=... to turn plain outputs into a loss)')
+
+
+# -- MMCV-style models ---------------------------------------------------------------------------
+def sum_loss_terms(outputs):
+    """MMCV's ``_parse_losses`` rule for outputs without a ``'loss'`` entry: every key whose
+    name contains ``'loss'`` (a tensor, or a list of tensors, each reduced by its mean) is
+    summed into ``'loss'``. Returns the outputs (a new dict when a total was added) and the
+    terms to log, ``{key: scalar tensor}`` (no host sync: they stay on the device)."""
+    terms = {}
+    for key, value in outputs.items():
+        if 'loss' not in key:
+            continue
+        if isinstance(value, torch.Tensor):
+            terms[key] = value.mean() if value.dim() else value
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+            terms[key] = sum(v.mean() for v in value)
+    if 'loss' in outputs or not terms:
+        return outputs, terms
+    total = sum(terms.values())
+    return {**outputs, 'loss': total}, {**terms, 'loss': total}
+
+
+def has_train_step(model):
+    """True for an MMCV-style model that runs its own step: ``train_step(data_batch, optimizer)``."""
+    return callable(getattr(model, 'train_step', None))
+
+
+def mmcv_train_step(model, batch, optimizer):
+    """Call ``model.train_step(batch, optimizer)`` (MMCV's contract): it returns
+    ``dict(loss=..., log_vars=..., num_samples=...)``; with several optimizers the model
+    steps them itself. Returns the outputs and the values to log (``log_vars``)."""
+    outputs = model.train_step(batch, optimizer)
+    if not isinstance(outputs, Mapping):
+        raise ConfigError(f'{type(model).__name__}.train_step returned a {type(outputs).__name__}; MMCV\'s contract '
+                          'is a dict(loss=..., log_vars=..., num_samples=...)')
+    log_vars = outputs.get('log_vars')
+    if log_vars is None:
+        outputs, log_vars = sum_loss_terms(outputs)
+    return outputs, log_vars
+
+
+def accepts_return_loss(model):
+    """MMCV models take ``return_loss`` in ``forward``; evaluation calls them with ``False``."""
+    import inspect
+    try:
+        return 'return_loss' in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def call_model_for_eval(model, batch, mmcv_style):
+    """The validation forward: ``model(..., return_loss=False)`` for an MMCV model (as MMCV's
+    ``single_gpu_test`` does), otherwise the same call as in training."""
+    if not mmcv_style:
+        return call_model(model, batch)
+    if isinstance(batch, Mapping):
+        return model(**batch, return_loss=False)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch, return_loss=False)
+    return model(batch, return_loss=False)

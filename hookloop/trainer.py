@@ -27,7 +27,8 @@ from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_ta
 from .log import close_logger, create_logger
 from .meters import MeterBuffer
 from .paths import ensure_writable_dir
-from .model_step import as_outputs, call_model, move_to_device
+from .model_step import accepts_return_loss, as_outputs, call_model, call_model_for_eval, has_train_step, \
+    mmcv_train_step, move_to_device, sum_loss_terms
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
 
@@ -76,6 +77,7 @@ class Trainer:
         resume_from: a checkpoint path to continue from exactly, or ``'auto'``.
         auto_resume: continue from ``<work_dir>/last_checkpoint`` when it exists.
         load_from: a checkpoint whose model weights initialise a fresh run.
+        revise_keys: ``[(regex, replacement), ...]`` applied to the keys of ``load_from`` weights.
         custom_imports: modules to import first (they register models, datasets, hooks).
         cfg: the config this trainer was built from, stored in checkpoint metadata.
         launcher: ``'auto'`` joins the torchrun job the environment describes, ``'pytorch'``
@@ -92,7 +94,7 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False):
+                 find_unused_parameters=False, profile_hooks=False, revise_keys=None):
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -113,6 +115,7 @@ class Trainer:
             if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
+        self.revise_keys = revise_keys
         self.cfg = cfg
         self.loss_fn = loss_fn
 
@@ -130,6 +133,12 @@ class Trainer:
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
+        # MMCV-style models: train_step(data_batch, optimizer) runs the step, forward(return_loss=False) evaluates
+        self._model_train_step, self._eval_return_loss = has_train_step(self.model), accepts_return_loss(self.model)
+        if self._model_train_step and self.world_size > 1 and strategy != 'none':
+            raise ConfigError(f'{type(self.model).__name__} has an MMCV train_step: it is called directly, bypassing '
+                              'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
+                              'run it single-process or give the model a forward that returns the losses')
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
@@ -193,6 +202,16 @@ class Trainer:
             self.max_iters = self.max_epochs * self.iters_per_epoch
         else:
             self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
+
+    def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):
+        """Give a trainer built without one its training data and run length (MMCV's
+        ``runner.run(data_loaders, workflow)`` passes the loaders late)."""
+        if (max_epochs is None) == (max_iters is None):
+            raise ConfigError(f'give exactly one of max_epochs and max_iters (got {max_epochs!r}, {max_iters!r})')
+        self.max_epochs, self.max_iters = _positive_int('max_epochs', max_epochs), _positive_int('max_iters', max_iters)
+        self.by_epoch = max_epochs is not None
+        self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
+        self._init_progress()
 
     @property
     def epoch_length(self):
@@ -326,7 +345,9 @@ class Trainer:
     def _add_default_hooks(self):
         roles = {role_of(hook) for _, _, hook in self._hook_entries}
         defaults = []
-        if 'optimizer' not in roles and self.optimizer is not None:
+        # Several optimizers with a train_step model: the model steps them (MMCV's GAN contract).
+        model_steps = self._model_train_step and not isinstance(self.optimizer, torch.optim.Optimizer)
+        if 'optimizer' not in roles and self.optimizer is not None and not model_steps:
             defaults.append(dict(type='OptimizerHook'))
         if 'timer' not in roles:
             defaults.append(dict(type='IterTimerHook'))
@@ -474,13 +495,15 @@ class Trainer:
     def train_step(self, batch):
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
         with self.forward_context():
+            if self._model_train_step:
+                outputs, logged = mmcv_train_step(self.model, batch, self.optimizer)
+                self.meters.update_dict(logged)
+                return outputs
             outputs = call_model(self.wrapped_model, batch)
             if self.loss_fn is not None:
                 outputs = self.loss_fn(outputs, batch)
-        outputs = as_outputs(outputs)
-        for key, value in outputs.items():
-            if key.startswith('loss') and isinstance(value, torch.Tensor):
-                self.meters.update(key, value)
+        outputs, terms = sum_loss_terms(as_outputs(outputs))
+        self.meters.update_dict(terms)
         return outputs
 
     def _set_loader_epoch(self, loader, epoch, start_batch=0):
@@ -525,7 +548,7 @@ class Trainer:
                 for method in before_iter:
                     method(self)
                 with self.val_forward_context():
-                    self.val_outputs = call_model(self.wrapped_model, batch)
+                    self.val_outputs = call_model_for_eval(self.wrapped_model, batch, self._eval_return_loss)
                 if self.val_evaluator is not None:
                     outputs, kept = self.val_outputs, batch
                     if remaining is not None:
@@ -644,10 +667,15 @@ class Trainer:
                          self.inner_iter)
         return checkpoint
 
-    def load_weights(self, path, strict=True):
-        """Initialise the model from a checkpoint's weights only (a fresh schedule)."""
+    def load_weights(self, path, strict=True, revise_keys=None):
+        """Initialise the model from a checkpoint's weights only (a fresh schedule).
+        ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
+        ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
+        import re
         checkpoint = load_checkpoint(path, map_location=self.device)
         state = checkpoint.get('state_dict', checkpoint)
+        for pattern, replacement in (self.revise_keys if revise_keys is None else revise_keys) or ():
+            state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
         try:
             self.model.load_state_dict(state, strict=strict)
         except RuntimeError as exc:
