@@ -699,8 +699,22 @@ def _accepts(target, argument):
 
 
 def build_trainer(name='default', default_args=None):
-    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``."""
-    return TRAINERS.build(dict(type=name, **(default_args or {})))
+    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``.
+
+    For the Trainer (and its subclasses) MMCV 1.x config keys are translated first
+    (:mod:`hookloop.compat.mmcv_config`): ``runner``, ``data``, ``workflow``, ``fp16``, ...;
+    helper names are listed in one info line at start, likely typos are errors.
+    """
+    args = dict(default_args or {})
+    target = TRAINERS.get(name) if isinstance(name, str) else name
+    notes = []
+    if isinstance(target, type) and issubclass(target, Trainer):
+        from .compat.mmcv_config import translate
+        args, notes = translate(args, target)
+    trainer = TRAINERS.build(dict(type=target, **args))
+    for note in notes:
+        trainer.logger.info(note)
+    return trainer
 
 
 __all__ = ['Trainer', 'build_trainer', 'STAGES']
