@@ -95,13 +95,18 @@ def accepts_return_loss(model):
         return False
 
 
-def call_model_for_eval(model, batch, mmcv_style):
-    """The validation forward: ``model(..., return_loss=False)`` for an MMCV model (as MMCV's
-    ``single_gpu_test`` does), otherwise the same call as in training."""
-    if not mmcv_style:
-        return call_model(model, batch)
+def val_forward(wrapped_model, model, batch, evaluator):
+    """The validation forward. For an MMCV model: ``model.val_step(batch, None)`` (MMCV's
+    workflow ``('val', k)``), or — when it has no ``val_step`` or the evaluator asks for
+    test outputs (``evaluator.wants_test_outputs``, as MMCV's ``EvalHook``) —
+    ``model(..., return_loss=False)``. Any other model: the same call as in training."""
+    wants_test_outputs = getattr(evaluator, 'wants_test_outputs', False)
+    if has_train_step(model) and callable(getattr(model, 'val_step', None)) and not wants_test_outputs:
+        return model.val_step(batch, None)
+    if not accepts_return_loss(model):
+        return call_model(wrapped_model, batch)
     if isinstance(batch, Mapping):
-        return model(**batch, return_loss=False)
+        return wrapped_model(**batch, return_loss=False)
     if isinstance(batch, (tuple, list)):
-        return model(*batch, return_loss=False)
-    return model(batch, return_loss=False)
+        return wrapped_model(*batch, return_loss=False)
+    return wrapped_model(batch, return_loss=False)

@@ -27,8 +27,8 @@ from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_ta
 from .log import close_logger, create_logger
 from .meters import MeterBuffer
 from .paths import ensure_writable_dir
-from .model_step import accepts_return_loss, as_outputs, call_model, call_model_for_eval, has_train_step, \
-    mmcv_train_step, move_to_device, sum_loss_terms
+from .model_step import as_outputs, call_model, has_train_step, mmcv_train_step, move_to_device, sum_loss_terms, \
+    val_forward
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
 
@@ -133,8 +133,7 @@ class Trainer:
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
-        # MMCV-style models: train_step(data_batch, optimizer) runs the step, forward(return_loss=False) evaluates
-        self._model_train_step, self._eval_return_loss = has_train_step(self.model), accepts_return_loss(self.model)
+        self._model_train_step = has_train_step(self.model)  # MMCV: train_step(data_batch, optimizer) is the step
         if self._model_train_step and self.world_size > 1 and strategy != 'none':
             raise ConfigError(f'{type(self.model).__name__} has an MMCV train_step: it is called directly, bypassing '
                               'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
@@ -212,6 +211,10 @@ class Trainer:
         self.by_epoch = max_epochs is not None
         self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
         self._init_progress()
+
+    def build_val_loader(self, loader):
+        """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
+        return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)
 
     @property
     def epoch_length(self):
@@ -548,7 +551,7 @@ class Trainer:
                 for method in before_iter:
                     method(self)
                 with self.val_forward_context():
-                    self.val_outputs = call_model_for_eval(self.wrapped_model, batch, self._eval_return_loss)
+                    self.val_outputs = val_forward(self.wrapped_model, self.model, batch, self.val_evaluator)
                 if self.val_evaluator is not None:
                     outputs, kept = self.val_outputs, batch
                     if remaining is not None:
@@ -681,6 +684,7 @@ class Trainer:
         except RuntimeError as exc:
             raise CheckpointError(f'weights in {path!r} do not fit the model: {str(exc).splitlines()[0]}') from None
         self.logger.info('loaded weights from %s', path)
+        return checkpoint
 
     def close(self):
         """Release the log files (the trainer cannot log afterwards). The process group

@@ -22,6 +22,8 @@ class DatasetEvaluator:
         eval_kwargs: passed to ``dataset.evaluate`` (``metric=...`` and the dataset's own options).
     """
 
+    wants_test_outputs = True  # the model is called with return_loss=False, not val_step
+
     def __init__(self, dataset, **eval_kwargs):
         if not callable(getattr(dataset, 'evaluate', None)):
             raise ConfigError(f'evaluation has {sorted(eval_kwargs)} for the dataset, but {type(dataset).__name__} has '
