@@ -53,7 +53,7 @@ def plain(value):
     return repr(value)
 
 
-@TRAINERS.register_module(module_name=['default', 'Trainer'])
+@TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
 class Trainer:
     """Runs training with hooks.
 
@@ -705,15 +705,22 @@ def _accepts(target, argument):
 def build_trainer(name='default', default_args=None):
     """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``.
 
-    For the Trainer (and its subclasses) MMCV 1.x config keys are translated first
-    (:mod:`hookloop.compat.mmcv_config`): ``runner``, ``data``, ``workflow``, ``fp16``, ...;
-    helper names are listed in one info line at start, likely typos are errors.
+    For the Trainer (and its subclasses) other engines' configs are translated first: a
+    ModelScope ``configuration.json`` (or ``default_args=dict(cfg_file=..., cfg_modify_fn=...)``,
+    :mod:`hookloop.compat.modelscope`) and MMCV 1.x keys (``runner``, ``data``, ``workflow``,
+    ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
+    at start, likely typos are errors.
     """
     args = dict(default_args or {})
     target = TRAINERS.get(name) if isinstance(name, str) else name
     notes = []
     if isinstance(target, type) and issubclass(target, Trainer):
+        from .compat import modelscope
         from .compat.mmcv_config import translate
+        if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
+            args = modelscope.trainer_args(args)
+        elif modelscope.looks_like_modelscope(args):  # a configuration.json
+            args = modelscope.translate(args)
         args, notes = translate(args, target)
     trainer = TRAINERS.build(dict(type=target, **args))
     for note in notes:

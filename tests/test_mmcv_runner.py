@@ -65,6 +65,7 @@ def log_records(work_dir):
         return [json.loads(line) for line in f if line.strip()]
 
 
+@pytest.mark.slow
 def test_gan_trains_with_schedules_on_both_optimizers_and_resumes_bitwise(tmp_path):
     full_dir, resumed_dir = str(tmp_path / 'full'), str(tmp_path / 'resumed')
     runner, loader = gan_runner(full_dir)
@@ -111,6 +112,7 @@ class Model(nn.Module):
         return {'loss': loss}
 
 
+@pytest.mark.slow
 def test_mmcv_example_train_script_runs_with_imports_changed(tmp_path):
     # MMCV's examples/train.py, with `from mmcv.parallel import MMDataParallel`, `from mmcv.runner import
     # EpochBasedRunner` and `from mmcv.utils import get_logger` pointed at hookloop.compat.mmcv; the CIFAR10
