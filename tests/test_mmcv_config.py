@@ -12,7 +12,7 @@ from hookloop.config import load_config, parse_options, set_dotted
 RUNTIME = """
 checkpoint_config = dict(interval=1)
 log_config = dict(interval=2, hooks=[dict(type='TextLoggerHook')])
-custom_imports = dict(imports=['tests.mmcv_style.toy'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmcv_style.toy'], allow_failed_imports=False)
 dist_params = dict(backend='nccl')
 log_level = 'INFO'
 load_from = None

@@ -167,7 +167,9 @@ def test_mmcv_example_train_script_runs_with_imports_changed(tmp_path):
             runner.run([trainloader], [('train', 1)])
     ''')
     (tmp_path / 'train.py').write_text(script)
-    env = dict(os.environ, PYTHONPATH=os.getcwd(), CUDA_VISIBLE_DEVICES='')
+    import hookloop
+    source_root = os.path.dirname(os.path.dirname(os.path.abspath(hookloop.__file__)))  # this checkout's hookloop
+    env = dict(os.environ, PYTHONPATH=source_root, CUDA_VISIBLE_DEVICES='')
     result = subprocess.run([sys.executable, 'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-2000:]

@@ -8,7 +8,7 @@ import torch
 from hookloop import ConfigError, build_trainer
 from hookloop.cli import main
 
-import tests.mmcv_style.ms_toy  # noqa: F401  (registers the model and dataset)
+import mmcv_style.ms_toy  # noqa: F401  (registers the model and dataset)
 
 CONFIGURATION = {
     'framework': 'pytorch',
@@ -78,7 +78,7 @@ def test_build_trainer_with_cfg_file_and_cfg_modify_fn(tmp_path):
         cfg.train.optimizer.lr = 0.01
         return cfg
 
-    model = tests.mmcv_style.ms_toy.ToyTextClassifier(hidden=4)
+    model = mmcv_style.ms_toy.ToyTextClassifier(hidden=4)
     trainer = build_trainer('trainer', default_args=dict(cfg_file=path, cfg_modify_fn=cfg_modify_fn, model=model,
                                                          work_dir=str(tmp_path / 'other'), seed=0, device='cpu'))
     try:
