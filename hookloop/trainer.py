@@ -86,6 +86,8 @@ class Trainer:
             on CPU) and how many seconds a collective waits for the other ranks.
         strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
         find_unused_parameters: passed to ``DistributedDataParallel``.
+        **mmcv_keys: MMCV 1.x config keys (``runner``, ``data``, ``workflow``, ``fp16``, ...), translated
+            by :mod:`hookloop.compat.mmcv_config`; other names are refused, with "did you mean".
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -94,7 +96,16 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False, revise_keys=None):
+                 find_unused_parameters=False, profile_hooks=False, revise_keys=None, **mmcv_keys):
+        arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
+        arguments.update(mmcv_keys)
+        from .compat.mmcv_config import needs_translation, translate
+        if needs_translation(arguments) or mmcv_keys:  # MMCV 1.x keys (runner=, data=, ...): hookloop's names
+            arguments, notes = translate(arguments, Trainer)
+            Trainer.__init__(self, **arguments)
+            for note in notes:
+                self.logger.info(note)
+            return
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)

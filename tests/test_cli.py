@@ -57,7 +57,7 @@ def test_train_and_hooks_commands(tmp_path, capsys):
     (BASE.replace('max_epochs = 1', ''), 'give exactly one of max_epochs and max_iters'),
     (BASE.replace("batch_size=256, shuffle=True", "batch_size=4096, shuffle=True, drop_last=True"),
      'train_dataloader is empty'),
-    (BASE + "max_epoch = 3", "config: unknown key 'max_epoch'; did you mean 'max_epochs'"),
+    (BASE + "max_epoch = 3", "Trainer got an unexpected argument 'max_epoch'; did you mean 'max_epochs'"),
     (BASE + "log_config = dict(interval=0, hooks=[dict(type='TextLoggerHook')])", 'interval must be a positive int, got 0'),
 ])
 def test_bad_config_values(tmp_path, capsys, edit, message):

@@ -188,3 +188,21 @@ def test_cfg_options_reach_runner_dict(tmp_path):
     for dotted, value in parse_options(['runner.max_epochs=1']).items():
         set_dotted(cfg, dotted, value)
     assert cfg['runner'] == {'type': 'EpochBasedRunner', 'max_epochs': 1}
+
+
+def test_trainer_takes_mmcv_keys_directly(tmp_path):
+    from conftest import Regressor, regression_data
+
+    from hookloop import ConfigError, Trainer
+    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), work_dir=str(tmp_path), seed=0,
+                      device='cpu', runner=dict(type='EpochBasedRunner', max_epochs=2), workflow=[('train', 1)],
+                      data=dict(samples_per_gpu=8, workers_per_gpu=0, train=regression_data(32)),
+                      dist_params=dict(backend='gloo'), img_norm_cfg=dict(mean=[0.0]))
+    try:
+        assert trainer.max_epochs == 2 and trainer.iters_per_epoch == 4  # 32 samples, samples_per_gpu=8
+        trainer.train()
+        assert trainer.iter == 8
+    finally:
+        trainer.close()
+    with pytest.raises(ConfigError, match=r"the config has 2 problems:[\s\S]*'lr_confg'[\s\S]*'runer'"):
+        Trainer(Regressor(), lr_confg=dict(policy='step', step=[1]), runer=dict(max_epochs=1))

@@ -49,8 +49,25 @@ def likely_typo(name, known):
 
 
 def trainer_arguments(target):
-    params = inspect.signature(target).parameters
-    return [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != 'self']
+    """The keyword arguments ``target`` takes, following ``**kwargs`` up to the base classes
+    (a Trainer subclass passes the Trainer's own arguments through)."""
+    names = []
+    for cls in getattr(target, '__mro__', [target]):
+        init = vars(cls).get('__init__') if isinstance(cls, type) else cls
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        names += [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != 'self']
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return list(dict.fromkeys(names))
+
+
+def needs_translation(cfg):
+    """True when ``cfg`` holds an MMCV key, ``custom_imports`` as a dict or dataset options in ``evaluation``."""
+    evaluation = cfg.get('evaluation')
+    return any(key in cfg for key in MMCV_KEYS) or isinstance(cfg.get('custom_imports'), Mapping) or (
+        isinstance(evaluation, Mapping) and bool(set(evaluation) - set(_EVAL_HOOK_KEYS)))
 
 
 def translate(cfg, target):
@@ -77,12 +94,12 @@ def translate(cfg, target):
             continue
         typo = likely_typo(name, list(known) + list(MMCV_KEYS))
         if typo is not None:
-            problems.append(f'unknown key {name!r}; did you mean {typo!r}?')
+            problems.append(f'{target.__name__} got an unexpected argument {name!r}; did you mean {typo!r}?')
         else:
             helpers.append(name)
         del cfg[name]
     if len(problems) == 1:
-        raise ConfigError(f'config: {problems[0]}')
+        raise ConfigError(problems[0])
     if problems:
         raise ConfigError(f'the config has {len(problems)} problems:\n  - ' + '\n  - '.join(problems))
     if helpers:
