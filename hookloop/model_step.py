@@ -1,4 +1,6 @@
 """The model step contract: how a batch reaches the model and what comes back."""
+import functools
+import inspect
 from collections.abc import Mapping
 
 import torch
@@ -88,9 +90,13 @@ def mmcv_train_step(model, batch, optimizer):
 
 def accepts_return_loss(model):
     """MMCV models take ``return_loss`` in ``forward``; evaluation calls them with ``False``."""
-    import inspect
+    return _forward_takes_return_loss(type(model))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_return_loss(model_type):  # per class: validation asks at every batch
     try:
-        return 'return_loss' in inspect.signature(model.forward).parameters
+        return 'return_loss' in inspect.signature(model_type.forward).parameters
     except (TypeError, ValueError, AttributeError):
         return False
 

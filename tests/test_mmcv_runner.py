@@ -238,3 +238,24 @@ def test_iter_runner_workflow_val_and_revise_keys(tmp_path):
     other.load_checkpoint(str(tmp_path / 'wrapped.pth'), revise_keys=[(r'^module\.', '')])
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in other.model.state_dict().items())
     other.close()
+
+
+def test_eval_hook_calls_dataset_evaluate_like_mmdet(tmp_path):
+    from mmcv_style.toy import ToyClassifier, ToyImageDataset
+
+    from hookloop.compat.mmcv import EvalHook
+    torch.manual_seed(0)
+    model = ToyClassifier(backbone=dict(width=8), head=dict(num_classes=2))
+    val_set = ToyImageDataset('root', [], split='val', size=20)
+    runner = EpochBasedRunner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                              work_dir=str(tmp_path), max_epochs=2, meta=dict(seed=0))
+    runner.register_training_hooks(lr_config=None, optimizer_config=dict(grad_clip=None),
+                                   log_config=dict(interval=1, hooks=[dict(type='TextLoggerHook')]))
+    # mmdet's train_detector: runner.register_hook(eval_hook(val_dataloader, **eval_cfg), priority='LOW')
+    runner.register_hook(EvalHook(DataLoader(val_set, batch_size=4), interval=1, metric='accuracy', topk=1),
+                         priority='LOW')
+    runner.run([DataLoader(ToyImageDataset('root', [], size=32), batch_size=8, shuffle=True)], [('train', 1)])
+    assert val_set.evaluated == [20, 20]  # every val sample, once per epoch, in one evaluate() call
+    val = [r for r in log_records(str(tmp_path)) if r.get('mode') == 'val']
+    assert len(val) == 2 and all('accuracy' in r for r in val)
+    runner.close()
