@@ -66,8 +66,8 @@ class _MMCVTrainer(Trainer):
             checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
         return checkpoint
 
-    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
-        path = super().save_checkpoint(path, save_optimizer, update_last)
+    def write_checkpoint(self, checkpoint, path, update_last=True):
+        path = super().write_checkpoint(checkpoint, path, update_last)
         if update_last and self.rank == 0:
             link_latest(path)
         return path
@@ -167,7 +167,8 @@ class BaseRunner:
         previous = self.trainer.runner_meta
         self.trainer.runner_meta = {**(previous or {}), **(meta or {})}
         try:
-            path = Trainer.save_checkpoint(self.trainer, path, save_optimizer=save_optimizer, update_last=True)
+            checkpoint = self.trainer.build_checkpoint(save_optimizer=save_optimizer)
+            path = Trainer.write_checkpoint(self.trainer, checkpoint, path, update_last=True)  # no link yet
         finally:
             self.trainer.runner_meta = previous
         if create_symlink and self.trainer.rank == 0:
