@@ -374,7 +374,15 @@ def test_hooks_command_builds_no_data_and_writes_nothing(tmp_path, capsys):
     assert '(LOWEST      ) EMAHook  [after optimizer; before evaluation, checkpoint]' in out
     assert out.index('EMAHook', out.index('after_train_iter:')) < out.index('TextLoggerHook',
                                                                              out.index('after_train_iter:'))
-    assert sorted(os.listdir(tmp_path)) == ['cfg.py']
+    mmcv = tmp_path / 'mmcv_cfg.py'  # MMCV 1.x shape: data=, runner=, fp16=, evaluation with a dataset metric
+    mmcv.write_text("model = dict(type='Unbuilt')\noptimizer = dict(type='SGD', lr=0.1)\n"
+                    "data = dict(samples_per_gpu=4, workers_per_gpu=0, train=dict(type='ExplodingDataset'), "
+                    "val=dict(type='ExplodingDataset'))\nfp16 = dict(loss_scale=512.)\n"
+                    "runner = dict(type='IterBasedRunner', max_iters=10)\nevaluation = dict(interval=5, metric='acc')\n"
+                    f"work_dir = {str(tmp_path / 'never')!r}\n")
+    assert main(['hooks', str(mmcv)]) == 0
+    assert '(LOW         ) EvaluationHook' in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ['cfg.py', 'mmcv_cfg.py']
 
 
 def test_plot_stitches_every_json_log_of_a_work_dir_and_names_what_it_skipped(tmp_path, capsys):
