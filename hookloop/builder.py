@@ -91,8 +91,11 @@ def _stateful_map_loader(loader_class, kwargs, seed, rank, world_size):
         from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
         kwargs['sampler'] = StatefulDistributedSampler(kwargs['dataset'], num_replicas=world_size, rank=rank,
                                                        shuffle=kwargs.pop('shuffle', False), seed=seed)
-    elif kwargs.get('shuffle'):
-        kwargs['generator'] = torch.Generator().manual_seed(seed)
+    elif kwargs.pop('shuffle', False):
+        # A sampler of its own: torchdata also draws worker seeds from a loader's generator=,
+        # which would move the shuffle after a restore.
+        from torchdata.stateful_dataloader.sampler import RandomSampler
+        kwargs['sampler'] = RandomSampler(kwargs['dataset'], generator=torch.Generator().manual_seed(seed))
     return loader_class(**kwargs)
 
 

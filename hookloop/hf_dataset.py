@@ -78,3 +78,54 @@ def is_hf_map(dataset):
     """True for a map-style ``datasets.Dataset`` (not a ``torch.utils.data.Dataset`` subclass)."""
     module = sys.modules.get('datasets')
     return module is not None and isinstance(dataset, module.Dataset)
+
+
+def _skeleton(state):
+    """The shape of an HF state: the set of example-iterable types in it, without positions."""
+    if isinstance(state, dict):
+        found = {state['type']} if isinstance(state.get('type'), str) else set()
+        for value in state.values():
+            found |= _skeleton(value)
+        return found
+    if isinstance(state, list):
+        return set().union(*map(_skeleton, state)) if state else set()
+    return set()
+
+
+def _hf_states(state):
+    """Every HF ``IterableDataset`` state inside a (loader's) saved state."""
+    if isinstance(state, dict):
+        if 'examples_iterable' in state and 'epoch' in state:
+            yield state
+            return
+        for value in state.values():
+            yield from _hf_states(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            yield from _hf_states(value)
+
+
+def _shard_indices(state):
+    if isinstance(state, dict):
+        if isinstance(state.get('shard_idx'), int):
+            yield state['shard_idx']
+        for value in state.values():
+            yield from _shard_indices(value)
+
+
+def state_mismatch(dataset, saved, in_workers):
+    """Why the saved ``state_dict`` cannot resume the HF stream ``dataset``, or None.
+    ``datasets`` itself loads a state from other data without complaint (it may yield nothing,
+    or fail on the first example), so the shape and shard numbers are checked here."""
+    if not is_hf_iterable(dataset):
+        return None
+    try:  # the example iterables a fresh iteration would use (a private API of datasets: may change)
+        fresh = _skeleton(dataset._prepare_ex_iterable_for_iteration()._init_state_dict())
+    except Exception:
+        return None
+    for state in _hf_states(saved):
+        if _skeleton(state['examples_iterable']) != fresh:
+            return 'its pipeline differs (another dataset, .map, .shuffle or format?)'
+        if not in_workers and any(index >= dataset.num_shards for index in _shard_indices(state)):
+            return f'it points at a shard beyond the {dataset.num_shards} this dataset has (were files removed?)'
+    return None

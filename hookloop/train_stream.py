@@ -22,6 +22,7 @@ from .data import set_loader_epoch
 from .data_state import resume_plan
 from .dist import all_gather_objects
 from .errors import CheckpointError, DataError
+from .hf_dataset import state_mismatch
 
 
 def dataset_name(loader):
@@ -128,6 +129,11 @@ class TrainStream:
         with _global_rng_untouched():
             from_state = self._saved_state is not None
             if from_state:
+                dataset = getattr(self.loader, 'dataset', None)
+                mismatch = state_mismatch(dataset, self._saved_state, getattr(self.loader, 'num_workers', 0) > 0)
+                if mismatch:
+                    raise CheckpointError(f'the checkpoint\'s state of {self.name} ({dataset_name(self.loader)}) '
+                                          f'cannot be restored into this loader: {mismatch}')
                 try:
                     self.owner.load_state_dict(self._saved_state)
                     self._batches = iter(self.loader)

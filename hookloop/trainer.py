@@ -208,7 +208,7 @@ class Trainer:
                 raise ConfigError(f'train_dataloader ({dataset_name(loader)}) has no length, so max_epochs cannot '
                                   'tell where an epoch ends: train with max_iters=..., or give iters_per_epoch=...')
             self.iters_per_epoch = self.max_iters
-        per_epoch = self._given_iters_per_epoch is None  # one pass of the loader per epoch
+        per_epoch = self._given_iters_per_epoch is None and length is not None  # one pass per epoch
         self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger)
         if self.by_epoch:
             self.max_iters = self.max_epochs * self.iters_per_epoch
