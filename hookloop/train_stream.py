@@ -108,6 +108,7 @@ class TrainStream:
             if not self.per_epoch:
                 self.pass_index, self.batches_in_pass = self.pass_index + 1, 0
             self._open()
+            self._restored = False  # once: a reopened pass that ends at once is judged as any other
             return
         if self.batches_in_pass == 0:
             raise DataError(f'{self.name} ({dataset_name(self.loader)}) yielded no batch in pass {self.pass_index}: '

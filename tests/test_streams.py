@@ -238,7 +238,8 @@ def test_stateful_user_stream_resumes_through_its_state_reading_nothing_twice(tm
     assert data['way'] == 'state' and data['pass'] == 2 and data['batches_in_pass'] == 2
 
 
-def test_stateful_dataloader_over_shuffled_map_style_data_resumes_exactly(tmp_path):
+@pytest.mark.parametrize('stop_at', [4, 5])  # at the end of the first pass, and inside the second
+def test_stateful_dataloader_over_shuffled_map_style_data_resumes_exactly(tmp_path, stop_at):
     from torchdata.stateful_dataloader import StatefulDataLoader
     data = [sample(i) for i in range(10)]
 
@@ -247,7 +248,7 @@ def test_stateful_dataloader_over_shuffled_map_style_data_resumes_exactly(tmp_pa
         # so a shared one reshuffles differently after a restore (docs/data.md).
         return StatefulDataLoader(data, batch_size=3, shuffle=True)
 
-    resumed, _, warned = resume_and_finish(tmp_path / 'resumed', make_loader, max_iters=9, stop_at=5)
+    resumed, _, warned = resume_and_finish(tmp_path / 'resumed', make_loader, max_iters=9, stop_at=stop_at)
     assert not any('dropping' in w for w in warned), warned
     hookloop.seed_everything(0)
     straight = train(tmp_path / 'straight', make_loader(), max_iters=9)
