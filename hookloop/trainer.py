@@ -17,7 +17,7 @@ import torch
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpoint import get_rng_state, load_checkpoint, read_pointer, save_checkpoint, set_rng_state, update_pointer
-from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
+from .data import seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError
 from .evaluation import build_evaluator, real_samples, take_first
@@ -32,6 +32,7 @@ from .model_step import as_outputs, call_model, detach_outputs, has_train_step, 
 from .position import Position
 from .registry import TRAINERS
 from .step import StepState
+from .train_stream import TrainStream, dataset_name
 
 
 def _positive_int(name, value):
@@ -62,14 +63,25 @@ class Trainer:
         model: an ``nn.Module`` or a config dict for the ``MODELS`` registry.
         optimizer: a ``torch.optim.Optimizer`` or a dict such as ``dict(type='AdamW', lr=1e-3)``
             (built over the model's trainable parameters).
-        train_dataloader, val_dataloader: a ``DataLoader`` or a dict
-            ``dict(dataset=..., batch_size=..., shuffle=..., num_workers=...)``. A DataLoader
-            with a standard sampler is rebuilt around a resumable, seedable one.
+        train_dataloader, val_dataloader: a ``DataLoader`` (torchdata's ``StatefulDataLoader``
+            too), any iterable of batches, or a dict ``dict(dataset=..., batch_size=...,
+            shuffle=..., num_workers=...)``. A DataLoader with a standard sampler is rebuilt
+            around a resumable, seedable one; streams resume through their ``state_dict`` or
+            by fast-forward (``docs/data.md``).
         val_evaluator: an object with ``reset/update/compute``, a ``torchmetrics.Metric``, a
             function ``(outputs, batch) -> dict`` or a dict such as ``dict(type='Accuracy')``.
-        max_epochs, max_iters: exactly one of them. With ``max_iters`` the loader is cycled.
+        max_epochs, max_iters: exactly one of them. With ``max_iters`` the loader is cycled
+            (a new pass, with ``set_epoch``, whenever one ends).
+        iters_per_epoch: the iterations of an epoch, for a train loader without a length
+            (required with ``max_epochs`` then); the data continues across epochs. ``None``:
+            the loader's length, or for a stream in a ``max_iters`` run, all of it.
         work_dir: where logs and checkpoints go (created).
-        seed: the run's seed; ``None`` draws one (logged and stored in checkpoints).
+        seed: the run's seed; ``None`` draws one (logged and stored in checkpoints). The
+            trainer seeds Python's, NumPy's and torch's global RNGs with it when it is built,
+            and derives the data order and the per-batch worker seeds of hookloop's sampler
+            from it. It cannot reach what was built before: a model (its initial weights)
+            or a loader made before the ``Trainer`` — call ``hookloop.seed_everything(seed)``
+            first for those. CUDA kernels' own nondeterminism is not covered either.
         device: ``'cpu'``, ``'cuda'``, ... ; ``None`` picks CUDA when available.
         loss_fn: ``loss_fn(outputs, batch)`` turning a plain model's outputs into a loss.
         lr_config, optimizer_config, checkpoint_config, log_config, momentum_config,
@@ -97,7 +109,8 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False, revise_keys=None, **mmcv_keys):
+                 find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
+                 **mmcv_keys):
         arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
         arguments.update(mmcv_keys)
         from .compat.mmcv_config import needs_translation, translate
@@ -114,6 +127,7 @@ class Trainer:
                 raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
         self.max_epochs = _positive_int('max_epochs', max_epochs)
         self.max_iters = _positive_int('max_iters', max_iters)
+        self._given_iters_per_epoch = _positive_int('iters_per_epoch', iters_per_epoch)
         if train_dataloader is not None and (max_epochs is None) == (max_iters is None):
             raise ConfigError('give exactly one of max_epochs and max_iters '
                               f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
@@ -198,12 +212,20 @@ class Trainer:
             self.iters_per_epoch = 0
             return
         try:
-            self.iters_per_epoch = len(loader)
-        except TypeError:
-            raise ConfigError('train_dataloader has no length; give its dataset a __len__') from None
-        if self.iters_per_epoch == 0:
+            length = len(loader)
+        except TypeError:  # a stream: its length is unknown
+            length = None
+        if length == 0:
             raise DataError(f'train_dataloader is empty: {len(loader.dataset) if hasattr(loader, "dataset") else "?"} '
                             f'samples give no batch (check batch_size and drop_last)')
+        self.iters_per_epoch = self._given_iters_per_epoch or length
+        if self.iters_per_epoch is None:
+            if self.by_epoch:
+                raise ConfigError(f'train_dataloader ({dataset_name(loader)}) has no length, so max_epochs cannot '
+                                  'tell where an epoch ends: train with max_iters=..., or give iters_per_epoch=...')
+            self.iters_per_epoch = self.max_iters
+        per_epoch = self._given_iters_per_epoch is None and length is not None  # one pass per epoch
+        self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger)
         if self.by_epoch:
             self.max_iters = self.max_epochs * self.iters_per_epoch
         else:
@@ -380,23 +402,15 @@ class Trainer:
             report_hook_timings(self)
 
     def _train_epoch(self):
-        loader = self.train_dataloader
-        self._set_loader_epoch(loader, self.epoch, self.inner_iter)
+        stream = self.train_stream
+        stream.begin_epoch(self.epoch, self.inner_iter)
         self.mode = 'train'
         self.wrapped_model.train()
         self.call_hook('before_train_epoch')
-        batches = iter(loader)
-        if not isinstance(loader.batch_sampler, ResumableBatchSampler):
-            skip_batches(batches, self.inner_iter)
         before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
         position, step, length = self.position, self.step, self.epoch_length
         while self.inner_iter < length and self.stop_reason is None:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                raise DataError(f'train_dataloader ended after {self.inner_iter} batches but reported '
-                                f'{self.iters_per_epoch}') from None
-            self.data_batch = batch = self.to_device(batch)
+            self.data_batch = batch = self.to_device(stream.next_batch())
             step.begin()
             for method in before_iter:
                 method(self)
@@ -407,7 +421,7 @@ class Trainer:
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
             position.next_iteration()
-        del batches  # shuts data-loader workers down before the epoch-end hooks
+        stream.end_epoch()  # a per-epoch pass shuts its workers down before the epoch-end hooks
         if self.inner_iter < length:
             return  # stopped early: the epoch is not over
         position.end_epoch()
@@ -434,17 +448,7 @@ class Trainer:
         return outputs
 
     def _set_loader_epoch(self, loader, epoch, start_batch=0):
-        sampler = getattr(loader, 'batch_sampler', None)
-        if isinstance(sampler, ResumableBatchSampler):
-            sampler.seed = self.seed
-            sampler.set_epoch(epoch, start_batch)
-            # The loader's own generator (worker base seeds) must not draw from the global
-            # RNG, or where an iterator is created would change the training randomness.
-            if loader.generator is None:
-                loader.generator = torch.Generator()
-            loader.generator.manual_seed(mix_seed(self.seed, epoch, self.rank, 1))
-        elif hasattr(getattr(loader, 'sampler', None), 'set_epoch'):
-            loader.sampler.set_epoch(epoch)
+        set_loader_epoch(loader, self.seed, epoch, self.rank, start_batch)
 
     # -- validation ------------------------------------------------------------------------
     def val(self):
@@ -510,6 +514,8 @@ class Trainer:
             'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
             'rng': get_rng_state(),
         }
+        if self.train_dataloader is not None:  # the data position, taken with the weights
+            checkpoint['data'] = self.train_stream.state_dict()
         if save_optimizer and self.optimizer is not None:
             checkpoint['optimizer'] = self.optimizer.state_dict()
         return checkpoint
@@ -590,6 +596,9 @@ class Trainer:
                                 'from the original run', path, meta['world_size'], self.world_size)
         self.position.load_state_dict(meta)
         self.seed = meta.get('seed', self.seed)
+        if self.train_dataloader is not None:
+            self.train_stream.seed = self.seed
+            self.train_stream.load_state_dict(checkpoint.get('data'), self.epoch, self.inner_iter)
         saved_states = checkpoint.get('hooks', {})
         for hook in self.hooks:
             if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
