@@ -68,6 +68,14 @@ def save_checkpoint(checkpoint, path):
                               'the previous checkpoint is kept') from exc
 
 
+def write_checkpoint(checkpoint, path, pointer_dir=None):
+    """Save ``checkpoint`` to ``path`` atomically, then (with ``pointer_dir``) move that
+    directory's ``last_checkpoint`` pointer to it: the order that keeps the pointer valid."""
+    save_checkpoint(checkpoint, path)
+    if pointer_dir is not None:
+        update_pointer(pointer_dir, path)
+
+
 def update_pointer(work_dir, checkpoint_path):
     """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically).
 

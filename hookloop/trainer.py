@@ -16,7 +16,8 @@ import torch
 
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
-from .checkpoint import get_rng_state, load_checkpoint, read_pointer, save_checkpoint, set_rng_state, update_pointer
+from .async_checkpoint import AsyncCheckpointWriter
+from .checkpoint import get_rng_state, load_checkpoint, read_pointer, set_rng_state, update_pointer, write_checkpoint
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError
@@ -163,6 +164,7 @@ class Trainer:
         self._dispatch = None
         self._stage = None  # 'after_train_iter' / 'after_train_epoch' while those run (checkpoint_position)
         self._running = False
+        self._checkpoint_writer = None  # the background writer of async saves, made on first use
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
@@ -410,6 +412,15 @@ class Trainer:
     def _finish_run(self):
         """``after_run`` on every exit path; on an error path a failing hook is logged,
         not raised, so the original error stays visible."""
+        save_error = None
+        try:
+            self.wait_for_checkpoint()  # after_run and error paths see the last save on disk
+        except CheckpointError as exc:
+            save_error = exc
+            if self.exception is None:  # a failed background save fails the run
+                self.exception = exc
+            else:
+                self.logger.error('%s (while handling %r)', exc, self.exception)
         if self.exception is None:
             self.call_hook('after_run')
         else:
@@ -429,6 +440,8 @@ class Trainer:
         if self.profile_hooks:
             from .profiling import report_hook_timings
             report_hook_timings(self)
+        if save_error is not None and self.exception is save_error:
+            raise save_error
 
     def _train_epoch(self):
         loader = self.train_dataloader
@@ -567,10 +580,15 @@ class Trainer:
             checkpoint['optimizer'] = self.optimizer.state_dict()
         return checkpoint
 
-    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
+    def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False):
         """Write a checkpoint atomically to ``path`` (absolute, or relative to the work dir)
-        and, with ``update_last``, move the ``last_checkpoint`` pointer to it."""
+        and, with ``update_last``, move the ``last_checkpoint`` pointer to it.
+
+        ``asynchronous=True`` copies the state to CPU memory and writes it on a background
+        thread (``hookloop/async_checkpoint.py``); a save always waits for the one in flight,
+        so the pointer moves in save order."""
         path = os.path.join(self.work_dir, path)
+        self.wait_for_checkpoint()
         checkpoint = self.state_dict(save_optimizer)
         self.resolve_hooks()
         self.call_hook('before_save_checkpoint', checkpoint)
@@ -581,10 +599,21 @@ class Trainer:
             return path
         if self.rank == 0:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            save_checkpoint(checkpoint, path)
-            if update_last:
-                update_pointer(self.work_dir, path)
+            pointer_dir = self.work_dir if update_last else None
+            if asynchronous:
+                if self._checkpoint_writer is None:
+                    self._checkpoint_writer = AsyncCheckpointWriter()
+                writer = self._checkpoint_writer
+                writer.submit(write_checkpoint, writer.stage(checkpoint), path, pointer_dir)
+            else:
+                write_checkpoint(checkpoint, path, pointer_dir)
         return path
+
+    def wait_for_checkpoint(self):
+        """Wait until a background checkpoint write (``async_save``) is on disk; a
+        CheckpointError if it failed."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.wait()
 
     def _resume_path(self):
         """The checkpoint ``train()`` continues from, or None for a new run."""
@@ -658,6 +687,7 @@ class Trainer:
         """Release the log files (the trainer cannot log afterwards). The process group
         stays up for later trainers in this process; it is destroyed at exit (or at once
         when training fails), because re-creating it under torchrun is not reliable."""
+        self.wait_for_checkpoint()
         close_logger(self.logger)
 
 

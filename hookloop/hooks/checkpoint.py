@@ -35,13 +35,17 @@ class CheckpointHook(Hook):
             common names (acc, top1, mAP, f1, ... -> greater; loss, error, mse, ... -> less).
         export_safetensors: also write the weights beside each checkpoint as ``.safetensors``:
             ``True``/``'model'`` the model's weights, ``'ema'`` the EMA weights (needs an EMAHook).
+        async_save: copy the state to CPU memory at the save point and write it on a background
+            thread while training goes on (same crash-safety; one save in flight; the run waits
+            for it at the end; a failed write is raised at the next save or at the end).
+            Old checkpoints are removed once the newer one is on disk.
     """
 
     PRIORITY = Priority.NORMAL
     ROLE = 'checkpoint'
 
     def __init__(self, interval=-1, by_epoch=True, save_optimizer=True, out_dir=None, max_keep_ckpts=-1,
-                 save_last=True, save_best=None, rule=None, export_safetensors=False):
+                 save_last=True, save_best=None, rule=None, export_safetensors=False, async_save=False):
         if not _is_int(interval) or interval == 0 or interval < -1:
             raise ConfigError(f'CheckpointHook interval must be a positive int or -1, got {interval!r}')
         if not _is_int(max_keep_ckpts) or max_keep_ckpts == 0 or max_keep_ckpts < -1:
@@ -55,7 +59,12 @@ class CheckpointHook(Hook):
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
+        if not isinstance(async_save, bool):
+            raise ConfigError(f'CheckpointHook async_save must be True or False, got {async_save!r}')
+        self.async_save = async_save
         self.saved = []          # interval checkpoints, oldest first
+        self._writing = None     # the interval checkpoint being saved: its own state lists it
+        self._retention_due = False  # async: old checkpoints go once the newest one is on disk
         self._capture = None     # set while this hook saves: receives the checkpoint dict
 
     # -- stages ------------------------------------------------------------------------------
@@ -65,6 +74,11 @@ class CheckpointHook(Hook):
             os.makedirs(self.directory, exist_ok=True)
             for path in remove_stale_temporaries(self.directory):
                 trainer.logger.info('removed %s, left by a save that was interrupted', path)
+
+    def after_run(self, trainer):
+        # The trainer has waited for the last background write before after_run.
+        if self._retention_due:
+            self._remove_old(trainer)
 
     def after_train_epoch(self, trainer):
         name = f'epoch_{trainer.epoch + 1}.pth'
@@ -88,9 +102,13 @@ class CheckpointHook(Hook):
 
     # -- saving ----------------------------------------------------------------------------
     def _write(self, trainer, path, update_last):
+        if self._retention_due:  # the previous save is on disk once the trainer has waited
+            trainer.wait_for_checkpoint()
+            self._remove_old(trainer)
         self._capture = []
         try:
-            trainer.save_checkpoint(path, save_optimizer=self.save_optimizer, update_last=update_last)
+            trainer.save_checkpoint(path, save_optimizer=self.save_optimizer, update_last=update_last,
+                                    asynchronous=self.async_save)
             checkpoint = self._capture[0] if self._capture else None
         finally:
             self._capture = None
@@ -105,12 +123,21 @@ class CheckpointHook(Hook):
         path = os.path.join(self.directory, filename)
         if path in self.saved:
             return
-        self._write(trainer, path, update_last=True)
+        self._writing = path
+        try:
+            self._write(trainer, path, update_last=True)
+        finally:
+            self._writing = None
         self.saved.append(path)
-        trainer.logger.info('saved checkpoint %s', path)
-        self._remove_old(trainer)
+        if self.async_save:
+            trainer.logger.info('saving checkpoint %s in the background', path)
+            self._retention_due = True
+        else:
+            trainer.logger.info('saved checkpoint %s', path)
+            self._remove_old(trainer)
 
     def _remove_old(self, trainer):
+        self._retention_due = False
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
         latest = read_pointer(trainer.work_dir)
@@ -131,7 +158,9 @@ class CheckpointHook(Hook):
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self):
-        state = {'saved': list(self.saved)}
+        # A checkpoint lists itself, so a run resumed from it counts it (and removes it in turn).
+        saved = self.saved + [self._writing] if self._writing and self._writing not in self.saved else self.saved
+        state = {'saved': list(saved)}
         if self.best is not None:
             state.update(self.best.state_dict())
         return state
