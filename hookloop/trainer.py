@@ -17,6 +17,7 @@ import torch
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .async_checkpoint import AsyncCheckpointWriter
+from . import storage
 from .checkpoint import get_rng_state, load_checkpoint, read_pointer, set_rng_state, update_pointer, write_checkpoint
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
@@ -111,14 +112,17 @@ class Trainer:
                               'load_from is used only when there is nothing to resume)')
         for name, path in (('resume_from', resume_from), ('load_from', load_from)):
             sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
-            if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
+            if path is not None and path != 'auto' and not (storage.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
         self.cfg = cfg
         self.loss_fn = loss_fn
 
         self.rank, self.world_size = init_distributed(launcher, dist_backend, dist_timeout, device)
-        self.work_dir = self._make_work_dir(work_dir)
+        # storage_dir: where checkpoints and the pointer go (a path or an fsspec URL);
+        # work_dir: a local directory for files written with open() (logs, event files),
+        # the same as storage_dir unless that is a URL (then copied there at the end).
+        self.storage_dir, self.work_dir = self._make_work_dir(work_dir)
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
         if seed is None:
@@ -174,10 +178,18 @@ class Trainer:
     def _make_work_dir(self, work_dir):
         if not isinstance(work_dir, (str, os.PathLike)):
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
-        work_dir = os.path.abspath(os.fspath(work_dir))
+        work_dir = os.fspath(work_dir)
+        if storage.is_url(work_dir):
+            url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
+            if self.rank == 0:
+                storage.filesystem(url)  # an unknown protocol fails here, in one line
+                storage.makedirs(url)
+                ensure_writable_dir(work_dir, 'local mirror of work_dir')
+            return url, work_dir
+        work_dir = os.path.abspath(work_dir)
         if self.rank == 0:
             ensure_writable_dir(work_dir, 'work_dir')
-        return work_dir
+        return work_dir, work_dir
 
     def _init_progress(self):
         loader = self.train_dataloader
@@ -388,7 +400,7 @@ class Trainer:
         if self.optimizer is None:
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
-        self.logger.info('seed: %d, device: %s, work_dir: %s', self.seed, self.device, self.work_dir)
+        self.logger.info('seed: %d, device: %s, work_dir: %s', self.seed, self.device, self.storage_dir)
         self.logger.info('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
         resume_path = self._resume_path()
         if self.load_from is not None and resume_path is None:
@@ -440,8 +452,18 @@ class Trainer:
         if self.profile_hooks:
             from .profiling import report_hook_timings
             report_hook_timings(self)
+        if self.rank == 0 and self.storage_dir != self.work_dir:
+            self._upload_logs()
         if save_error is not None and self.exception is save_error:
             raise save_error
+
+    def _upload_logs(self):
+        for handler in self.logger.handlers:
+            handler.flush()
+        try:
+            storage.upload_tree(self.work_dir, self.storage_dir)
+        except Exception as exc:  # the run's outcome stands; the logs stay in the local mirror
+            self.logger.error('could not copy the logs in %s to %s: %r', self.work_dir, self.storage_dir, exc)
 
     def _train_epoch(self):
         loader = self.train_dataloader
@@ -587,7 +609,7 @@ class Trainer:
         ``asynchronous=True`` copies the state to CPU memory and writes it on a background
         thread (``hookloop/async_checkpoint.py``); a save always waits for the one in flight,
         so the pointer moves in save order."""
-        path = os.path.join(self.work_dir, path)
+        path = storage.join(self.storage_dir, path)
         self.wait_for_checkpoint()
         checkpoint = self.state_dict(save_optimizer)
         self.resolve_hooks()
@@ -595,11 +617,11 @@ class Trainer:
         if is_sharded_model(self.wrapped_model):  # every rank writes its shards
             save_sharded(checkpoint, path, self.model, self.optimizer, self.rank)
             if self.rank == 0 and update_last:
-                update_pointer(self.work_dir, path)
+                update_pointer(self.storage_dir, path)
             return path
         if self.rank == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            pointer_dir = self.work_dir if update_last else None
+            storage.makedirs(storage.dirname(path))
+            pointer_dir = self.storage_dir if update_last else None
             if asynchronous:
                 if self._checkpoint_writer is None:
                     self._checkpoint_writer = AsyncCheckpointWriter()
@@ -619,12 +641,12 @@ class Trainer:
         """The checkpoint ``train()`` continues from, or None for a new run."""
         path = self.resume_from
         if path == 'auto' or (path is None and self.auto_resume):
-            path = read_pointer(self.work_dir)
+            path = read_pointer(self.storage_dir)
             if path is None:
-                self.logger.info('no last_checkpoint in %s: starting a new run', self.work_dir)
+                self.logger.info('no last_checkpoint in %s: starting a new run', self.storage_dir)
                 return None
-            if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
-                raise CheckpointError(f'{os.path.join(self.work_dir, "last_checkpoint")} names {path!r}, '
+            if not (storage.isfile(path) or is_sharded_checkpoint(path)):
+                raise CheckpointError(f'{storage.join(self.storage_dir, "last_checkpoint")} names {path!r}, '
                                       'which does not exist (moved or deleted?)')
         return path
 
@@ -633,7 +655,7 @@ class Trainer:
         ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
         after ``before_run``, so hooks that initialise there (EMA) get their saved state back;
         during a run (a hook's ``before_run``) it is restored at once."""
-        if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
+        if not (storage.isfile(path) or is_sharded_checkpoint(path)):
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
         if self._running:
             return self._restore(path)

@@ -1,6 +1,7 @@
 """CheckpointHook: saves checkpoints on an interval, keeps the newest few and the best one."""
 import os
 
+from .. import storage
 from ..best_checkpoint import BestCheckpoint
 from ..checkpoint import read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
@@ -69,9 +70,9 @@ class CheckpointHook(Hook):
 
     # -- stages ------------------------------------------------------------------------------
     def before_run(self, trainer):
-        self.directory = os.path.join(trainer.work_dir, self.out_dir) if self.out_dir else trainer.work_dir
+        self.directory = storage.join(trainer.storage_dir, self.out_dir) if self.out_dir else trainer.storage_dir
         if trainer.rank == 0:
-            os.makedirs(self.directory, exist_ok=True)
+            storage.makedirs(self.directory)
             for path in remove_stale_temporaries(self.directory):
                 trainer.logger.info('removed %s, left by a save that was interrupted', path)
 
@@ -120,7 +121,7 @@ class CheckpointHook(Hook):
             save_safetensors(checkpoint[key], os.path.splitext(path)[0] + '.safetensors')
 
     def _save(self, trainer, filename):
-        path = os.path.join(self.directory, filename)
+        path = storage.join(self.directory, filename)
         if path in self.saved:
             return
         self._writing = path
@@ -140,15 +141,15 @@ class CheckpointHook(Hook):
         self._retention_due = False
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
-        latest = read_pointer(trainer.work_dir)
+        latest = read_pointer(trainer.storage_dir)
         best = self.best.path if self.best is not None else None
-        protected = {os.path.abspath(p) for p in (latest, best, self.saved[-1]) if p}
+        protected = {storage.normalize(p) for p in (latest, best, self.saved[-1]) if p}
         while len(self.saved) > self.max_keep_ckpts:
             old = self.saved.pop(0)
-            if os.path.abspath(old) in protected:
+            if storage.normalize(old) in protected:
                 continue
             for victim in (old, os.path.splitext(old)[0] + '.safetensors'):
-                if os.path.exists(victim):
+                if storage.exists(victim):
                     remove_checkpoint(victim)
 
     def _track_best(self, trainer, filename):
