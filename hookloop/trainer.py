@@ -665,7 +665,8 @@ class Trainer:
     def _restore(self, path):
         """Restore model, optimizer, counters, hook states and RNG from a checkpoint."""
         if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
-            checkpoint = load_sharded(path, self.model, self.optimizer)
+            hook_states = {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')}
+            checkpoint = load_sharded(path, self.model, self.optimizer, hook_states)
         else:
             checkpoint = load_checkpoint(path, map_location=self.device)
             for key in ('meta', 'state_dict'):

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.skipif(not (torch_dist.is_available() and torch_dist.is
                                 reason='torch.distributed with gloo is not available')
 
 
-def torchrun(mode, out, timeout=240, env=None, program=None):
-    """Run the worker in ``mode`` on 2 ranks (or ``program``, a list of arguments);
+def torchrun(mode, out, timeout=240, env=None, program=None, nproc=2, launch=('--standalone',)):
+    """Run the worker in ``mode`` on ``nproc`` ranks (or ``program``, a list of arguments);
     ``(completed process, seconds)``."""
-    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2',
+    command = [sys.executable, '-m', 'torch.distributed.run', *launch, '--nproc-per-node', str(nproc),
                *(program or [WORKER, mode, str(out)])]
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(WORKER)]),
                     OMP_NUM_THREADS='1', **(env or {}))
@@ -234,3 +234,28 @@ def test_fsdp_two_ranks_and_sharded_resume(main_run):
     assert_close(result['weights'], reference)
     for key in reference:
         assert torch.equal(result['resumed_weights'][key], result['weights'][key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not W.fsdp2_available(), reason='this torch has no FSDP2 (fully_shard)')
+@pytest.mark.parametrize('saved_on, resumed_on', [(2, 1), (1, 2)], ids=['2to1', '1to2'])
+def test_fsdp_checkpoint_reshards_to_another_world_size_with_ema(tmp_path, saved_on, resumed_on):
+    """A sharded checkpoint (model, optimizer and EMA averages, each rank's shards) saved on
+    ``saved_on`` ranks, resumed on ``resumed_on``: before the first resumed iteration the
+    gathered model, momentum and EMA tensors equal those at the save, bit for bit, and
+    training continues to the end."""
+    check_ok(torchrun('reshard_save', tmp_path, nproc=saved_on)[0])
+    proc, _ = torchrun(None, tmp_path, nproc=resumed_on,
+                       program=[WORKER, 'reshard_load', str(tmp_path), str(saved_on)])
+    check_ok(proc)
+    saved = torch.load(tmp_path / f'saved_w{saved_on}.pt', weights_only=True)
+    loaded = torch.load(tmp_path / f'loaded_w{saved_on}_on_w{resumed_on}.pt', weights_only=True)
+    assert saved['world_size'] == saved_on and loaded['world_size'] == resumed_on
+    assert loaded['iter'] == saved['iter'] + 1 == 2 * W.CKPT_INTERVAL
+    for part in ('model', 'momentum', 'ema'):
+        assert saved[part].keys() == loaded[part].keys() and saved[part]
+        for key in saved[part]:
+            assert torch.equal(saved[part][key], loaded[part][key]), f'{part}.{key}'
+    # The EMA differs from the weights (so the test would see rank 0's shard alone, or none).
+    assert any(not torch.equal(saved['ema'][k], saved['model'][k]) for k in saved['ema'])
