@@ -259,3 +259,41 @@ def test_fsdp_checkpoint_reshards_to_another_world_size_with_ema(tmp_path, saved
             assert torch.equal(saved[part][key], loaded[part][key]), f'{part}.{key}'
     # The EMA differs from the weights (so the test would see rank 0's shard alone, or none).
     assert any(not torch.equal(saved['ema'][k], saved['model'][k]) for k in saved['ema'])
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_torchrun_agents_train_like_one_standalone_job(tmp_path, main_run):
+    """``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d`` started twice on
+    127.0.0.1 (two "machines" of one process): the same weights, bit for bit, as the
+    2-process standalone run of the main test, on both ranks."""
+    import threading
+    launch = ('--nnodes', '2', '--rdzv-backend', 'c10d', '--rdzv-endpoint', f'127.0.0.1:{free_port()}',
+              '--rdzv-id', f'hookloop-test-{os.getpid()}', '--max-restarts', '0')
+    results = [None, None]
+
+    def agent(index):
+        results[index] = torchrun('multinode', tmp_path, nproc=1, launch=launch, timeout=240)[0]
+    agents = [threading.Thread(target=agent, args=(i,)) for i in range(2)]
+    for thread in agents:
+        thread.start()
+    for thread in agents:
+        thread.join()
+    for proc in results:
+        assert proc is not None, 'a torchrun agent ran over its timeout'
+        check_ok(proc)
+    standalone = main_run[1][0]['weights']
+    nodes = set()
+    for rank in range(2):
+        result = torch.load(tmp_path / f'multinode_rank{rank}.pt', weights_only=True)
+        nodes.add(result['node_rank'])
+        for key in standalone:
+            assert torch.equal(result['weights'][key], standalone[key]), key
+    assert nodes == {0, 1}  # one process on each agent

@@ -2,7 +2,8 @@
 
 ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist/worker.py MODE OUT``
 with MODE ``main`` (DDP, evaluation, logging, accumulation, then FSDP), ``kill``, ``resume``,
-``reshard_save`` or ``reshard_load SOURCE_WORLD`` (FSDP checkpoints across world sizes).
+``reshard_save`` or ``reshard_load SOURCE_WORLD`` (FSDP checkpoints across world sizes),
+``multinode`` (two torchrun agents of one process each).
 Importing it also registers ``DistTestClassifier``, ``DistTestData`` and ``DistTestRaiseAt``
 for the config that ``torchrun -m hookloop train`` runs in the failure test.
 
@@ -290,6 +291,12 @@ def main():
             run_fsdp(out, rank, world)
     elif mode in ('kill', 'resume'):
         run_resumable(out, rank, world, mode)
+    elif mode == 'multinode':  # the DDP run of ``main``, launched as two one-process nodes
+        trainer = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, 'work_multinode')))
+        trainer.train()
+        torch.save({'weights': weights(trainer.model), 'node_rank': int(os.environ.get('GROUP_RANK', -1))},
+                   os.path.join(out, f'multinode_rank{rank}.pt'))
+        trainer.close()
     elif mode in ('reshard_save', 'reshard_load'):
         run_reshard(out, rank, world, mode, *(int(a) for a in sys.argv[3:]))
     else:
