@@ -18,6 +18,7 @@ from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .async_checkpoint import AsyncCheckpointWriter
 from . import storage
+from .compile import compile_model, compile_options
 from .checkpoint import get_rng_state, load_checkpoint, read_pointer, set_rng_state, update_pointer, write_checkpoint
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
@@ -86,6 +87,9 @@ class Trainer:
             on CPU) and how many seconds a collective waits for the other ranks.
         strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
         find_unused_parameters: passed to ``DistributedDataParallel``.
+        compile: ``True`` or a dict of ``torch.compile`` options (``mode``, ``fullgraph``,
+            ``dynamic``, ``backend``, ``options``): the training and validation steps call the
+            compiled model; checkpoints keep the plain module's keys (``hookloop/compile.py``).
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -94,7 +98,7 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False):
+                 find_unused_parameters=False, profile_hooks=False, compile=None):
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -139,6 +143,7 @@ class Trainer:
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
+        compile_model(self.model, compile_options(compile))  # in place: wrappers and keys unchanged
         if is_sharded_model(self.wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError('strategy="fsdp" replaces the parameters with sharded ones: pass the optimizer '
                               'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
