@@ -31,6 +31,7 @@ from .log import close_logger, create_logger
 from .meters import MeterBuffer
 from .paths import ensure_writable_dir
 from .model_step import as_outputs, call_model, move_to_device
+from .prefetch import DevicePrefetcher, uses_prefetch
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
 
@@ -90,6 +91,9 @@ class Trainer:
         compile: ``True`` or a dict of ``torch.compile`` options (``mode``, ``fullgraph``,
             ``dynamic``, ``backend``, ``options``): the training and validation steps call the
             compiled model; checkpoints keep the plain module's keys (``hookloop/compile.py``).
+        device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
+            on a side stream) while the current step runs (``hookloop/prefetch.py``); no effect
+            on the CPU.
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -98,7 +102,7 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False, compile=None):
+                 find_unused_parameters=False, profile_hooks=False, compile=None, device_prefetch=True):
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -140,6 +144,7 @@ class Trainer:
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
+        self.device_prefetch = device_prefetch
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
@@ -479,6 +484,8 @@ class Trainer:
         batches = iter(loader)
         if not isinstance(loader.batch_sampler, ResumableBatchSampler):
             skip_batches(batches, self.inner_iter)
+        if uses_prefetch(self.device, loader, self.device_prefetch):
+            batches = DevicePrefetcher(batches, self.device)  # to_device below is then a no-op
         before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
         length = self.epoch_length
         while self.inner_iter < length and self.stop_reason is None:
