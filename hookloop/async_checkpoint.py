@@ -27,6 +27,7 @@ class AsyncCheckpointWriter:
         self._thread = None
         self._error = None
         self._staging = {}  # path in the checkpoint tree -> reusable CPU tensor
+        self.staging_allocations = 0  # buffers ever allocated (equal to len(_staging) when all are reused)
 
     @property
     def busy(self):
@@ -64,6 +65,7 @@ class AsyncCheckpointWriter:
                     pin = source.is_cuda and torch.cuda.is_available()
                     buffer = torch.empty(source.shape, dtype=source.dtype, device='cpu', pin_memory=pin)
                     self._staging[key] = buffer
+                    self.staging_allocations += 1
                 buffer.copy_(source, non_blocking=source.is_cuda)
                 used.add(key)
                 seen[id(value)] = buffer
