@@ -89,6 +89,8 @@ class CheckpointHook(Hook):
             self._save(trainer, name)
 
     def after_train_iter(self, trainer):
+        if self.by_epoch and self.best is None:  # the common case: nothing to do per iteration
+            return
         name = f'iter_{trainer.iter + 1}.pth'
         self._track_best(trainer, name)
         if not self.by_epoch and (self.every_n_iters(trainer, self.interval) or
