@@ -11,6 +11,9 @@ the copy.
   so the extra memory is one copy of the checkpoint, not one per save.
 * A failed background write is raised (as a ``CheckpointError``) by the next
   :meth:`AsyncCheckpointWriter.wait` — the next save, or the end of the run.
+* Under FSDP the shards go through ``torch.distributed.checkpoint.async_save`` (which stages
+  them itself) on a process group of their own; ``hookloop.pth`` and the pointer are written
+  when every rank's shards are on disk (``hookloop/fsdp.py``).
 """
 import threading
 from collections.abc import Mapping
@@ -26,18 +29,23 @@ class AsyncCheckpointWriter:
     def __init__(self):
         self._thread = None
         self._error = None
+        self._sharded = None  # (future of dcp.async_save, finish) for an FSDP save in flight
+        self.process_group = None  # FSDP: the gloo group the background writes coordinate over
         self._staging = {}  # path in the checkpoint tree -> reusable CPU tensor
         self.staging_allocations = 0  # buffers ever allocated (equal to len(_staging) when all are reused)
-
-    @property
-    def busy(self):
-        return self._thread is not None and self._thread.is_alive()
 
     def wait(self):
         """Block until the save in flight (if any) is written; raise its error, once."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._sharded is not None:
+            (future, finish), self._sharded = self._sharded, None
+            try:
+                future.result()  # this rank's shards
+                finish()  # collective: the metadata file and the pointer, after every rank's shards
+            except Exception as exc:  # noqa: BLE001 - raised below as a CheckpointError
+                self._error = exc
         error, self._error = self._error, None
         if error is not None:
             if isinstance(error, CheckpointError):
@@ -98,3 +106,9 @@ class AsyncCheckpointWriter:
 
         self._thread = threading.Thread(target=run, name='hookloop-checkpoint-writer', daemon=False)
         self._thread.start()
+
+    def submit_sharded(self, future, finish):
+        """Track an FSDP save started with ``torch.distributed.checkpoint.async_save`` (which
+        staged the shards to CPU memory itself): :meth:`wait` waits for ``future`` and then
+        calls ``finish()`` on every rank."""
+        self._sharded = (future, finish)

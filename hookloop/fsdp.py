@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, save_checkpoint, update_pointer
 from .errors import CheckpointError, ConfigError
 
 META_FILE = 'hookloop.pth'
@@ -108,12 +108,16 @@ def _refuse_accumulated_grads(hook_states):
                                   'save at window ends: a checkpoint interval that is a multiple of cumulative_iters')
 
 
-def save_sharded(checkpoint, path, model, optimizer, rank):
-    """Write ``checkpoint`` (the trainer's dict) as a sharded checkpoint directory ``path``.
+def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, writer=None):
+    """Write ``checkpoint`` (the trainer's dict) as a sharded checkpoint directory ``path``,
+    then (rank 0, with ``pointer_dir``) move that directory's ``last_checkpoint`` to it.
 
     Every rank must call this. The ``state_dict`` and ``optimizer`` entries of
     ``checkpoint`` are replaced by DCP's sharded states of ``model`` and ``optimizer``;
     DTensors elsewhere (hook states, ``ema_state_dict``) are saved through DCP as ``extra``.
+    With ``writer`` (an :class:`~hookloop.async_checkpoint.AsyncCheckpointWriter`) the shards
+    are written by ``torch.distributed.checkpoint.async_save`` in the background; the
+    metadata file and the pointer follow when every rank's shards are on disk.
     """
     import torch.distributed.checkpoint as dcp
     _refuse_accumulated_grads(checkpoint.get('hooks', {}))
@@ -123,12 +127,26 @@ def save_sharded(checkpoint, path, model, optimizer, rank):
     rest = _pull_dtensors({k: v for k, v in checkpoint.items() if k not in ('state_dict', 'optimizer')}, '', extra)
     if extra:
         states['extra'] = extra
-    dcp.save(states, checkpoint_id=path)
-    if rank == 0:
-        # Written last: its presence marks the directory as a complete checkpoint.
-        rest['sharded'] = sorted(states)
-        save_checkpoint(rest, os.path.join(path, META_FILE))
-    torch.distributed.barrier()
+    rest['sharded'] = sorted(states)
+
+    def finish():
+        torch.distributed.barrier()  # every rank's shards are written
+        if rank == 0:
+            # Written last: its presence marks the directory as a complete checkpoint.
+            save_checkpoint(rest, os.path.join(path, META_FILE))
+            if pointer_dir is not None:
+                update_pointer(pointer_dir, path)
+        torch.distributed.barrier()
+
+    if writer is None:
+        dcp.save(states, checkpoint_id=path)
+        finish()
+    else:
+        # The background writes coordinate over a group of their own, so their collectives
+        # never interleave with the training's on the default group.
+        if getattr(writer, 'process_group', None) is None:
+            writer.process_group = torch.distributed.new_group(backend='gloo')
+        writer.submit_sharded(dcp.async_save(states, checkpoint_id=path, process_group=writer.process_group), finish)
 
 
 def load_sharded(path, model, optimizer, hook_states=None):

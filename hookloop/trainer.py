@@ -19,7 +19,7 @@ from .builder import build_dataloader, build_model, build_optimizer
 from .async_checkpoint import AsyncCheckpointWriter
 from . import storage
 from .compile import compile_model, compile_options
-from .checkpoint import get_rng_state, load_checkpoint, read_pointer, set_rng_state, update_pointer, write_checkpoint
+from .checkpoint import get_rng_state, load_checkpoint, read_pointer, set_rng_state, write_checkpoint
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError
@@ -626,10 +626,11 @@ class Trainer:
         checkpoint = self.state_dict(save_optimizer)
         self.resolve_hooks()
         self.call_hook('before_save_checkpoint', checkpoint)
-        if is_sharded_model(self.wrapped_model):  # every rank writes its shards
-            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank)
-            if self.rank == 0 and update_last:
-                update_pointer(self.storage_dir, path)
+        if is_sharded_model(self.wrapped_model):  # every rank writes its shards (dcp.async_save if asked)
+            if asynchronous and self._checkpoint_writer is None:
+                self._checkpoint_writer = AsyncCheckpointWriter()
+            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank,
+                         self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
             return path
         if self.rank == 0:
             storage.makedirs(storage.dirname(path))

@@ -244,8 +244,15 @@ def test_fsdp_checkpoint_reshards_to_another_world_size_with_ema(tmp_path, saved
     """A sharded checkpoint (model, optimizer and EMA averages, each rank's shards) saved on
     ``saved_on`` ranks, resumed on ``resumed_on``: before the first resumed iteration the
     gathered model, momentum and EMA tensors equal those at the save, bit for bit, and
-    training continues to the end."""
-    check_ok(torchrun('reshard_save', tmp_path, nproc=saved_on)[0])
+    training continues to the end. The 2-rank save is asynchronous (``async_save=True``:
+    ``torch.distributed.checkpoint.async_save``), the 1-rank one synchronous."""
+    async_save = int(saved_on == 2)
+    check_ok(torchrun(None, tmp_path, nproc=saved_on,
+                      program=[WORKER, 'reshard_save', str(tmp_path), '0', str(async_save)])[0])
+    if async_save:
+        pointer = (tmp_path / 'work_reshard_w2' / 'last_checkpoint').read_text()
+        assert pointer.endswith('iter_10.pth')  # the last save, finished before the run ended
+        assert (tmp_path / 'work_reshard_w2' / 'iter_10.pth' / 'hookloop.pth').is_file()
     proc, _ = torchrun(None, tmp_path, nproc=resumed_on,
                        program=[WORKER, 'reshard_load', str(tmp_path), str(saved_on)])
     check_ok(proc)

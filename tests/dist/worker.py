@@ -255,7 +255,7 @@ class CaptureFullState(Hook):
                         'ema': averages, 'iter': trainer.iter, 'world_size': trainer.world_size}, self.path)
 
 
-def run_reshard(out, rank, world, mode, source_world=None):
+def run_reshard(out, rank, world, mode, source_world=None, async_save=0):
     """``reshard_save``: FSDP2 + EMA, a sharded checkpoint every 3 iterations, the full state at
     iteration 6 captured; ``reshard_load SOURCE_WORLD``: resume that run's iteration-6 checkpoint
     on this many ranks, capture the state before the first iteration, train to the end."""
@@ -264,7 +264,8 @@ def run_reshard(out, rank, world, mode, source_world=None):
         trainer = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, f'work_reshard_w{world}'),
                                            strategy='fsdp', custom_hooks=[ema, CaptureFullState(
                                                os.path.join(out, f'saved_w{world}.pt'), after=2 * CKPT_INTERVAL)],
-                                           checkpoint_config=dict(interval=CKPT_INTERVAL, by_epoch=False)))
+                                           checkpoint_config=dict(interval=CKPT_INTERVAL, by_epoch=False,
+                                                                  async_save=bool(async_save))))
     else:
         path = os.path.join(out, f'work_reshard_w{source_world}', f'iter_{2 * CKPT_INTERVAL}.pth')
         trainer = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, f'work_resumed_w{world}'),
@@ -298,7 +299,7 @@ def main():
                    os.path.join(out, f'multinode_rank{rank}.pt'))
         trainer.close()
     elif mode in ('reshard_save', 'reshard_load'):
-        run_reshard(out, rank, world, mode, *(int(a) for a in sys.argv[3:]))
+        run_reshard(out, rank, world, mode, *(int(a) for a in sys.argv[3:]))  # reshard_save: [0, async_save]
     else:
         raise SystemExit(f'unknown mode {mode!r}')
 
