@@ -25,9 +25,16 @@ def build_model(model):
 
 
 def build_optimizer(optimizer, model):
-    """An optimizer over ``model``'s trainable parameters (objects pass through)."""
-    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
+    """An optimizer over ``model``'s trainable parameters (objects pass through). MMCV's
+    shapes — ``paramwise_cfg``, ``constructor`` and ``{sub-module name: cfg}`` for several
+    optimizers — go through :mod:`hookloop.optim_constructor`."""
+    from .optim_constructor import as_optimizer, build_optimizers, is_optimizer_dict_cfg
+    optimizer = as_optimizer(optimizer)
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, 'param_groups'):
         return optimizer
+    if isinstance(optimizer, Mapping) and ('paramwise_cfg' in optimizer or 'constructor' in optimizer
+                                           or is_optimizer_dict_cfg(optimizer)):
+        return build_optimizers(model, optimizer)
     if isinstance(optimizer, Mapping):
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:

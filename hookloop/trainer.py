@@ -30,7 +30,8 @@ from .hooks.base import SETUP_STAGE, STAGES
 from .log import close_logger, create_logger
 from .meters import MeterBuffer
 from .paths import ensure_writable_dir
-from .model_step import as_outputs, call_model, detach_outputs, move_to_device
+from .model_step import as_outputs, call_model, detach_outputs, has_train_step, mmcv_train_step, move_to_device, \
+    sum_loss_terms, val_forward
 from .position import Position
 from .prefetch import DevicePrefetcher, uses_prefetch
 from .registry import TRAINERS
@@ -57,7 +58,7 @@ def plain(value):
     return repr(value)
 
 
-@TRAINERS.register_module(module_name=['default', 'Trainer'])
+@TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
 class Trainer:
     """Runs training with hooks.
 
@@ -81,6 +82,7 @@ class Trainer:
         resume_from: a checkpoint path to continue from exactly, or ``'auto'``.
         auto_resume: continue from ``<work_dir>/last_checkpoint`` when it exists.
         load_from: a checkpoint whose model weights initialise a fresh run.
+        revise_keys: ``[(regex, replacement), ...]`` applied to the keys of ``load_from`` weights.
         custom_imports: modules to import first (they register models, datasets, hooks).
         cfg: the config this trainer was built from, stored in checkpoint metadata.
         launcher: ``'auto'`` joins the torchrun job the environment describes, ``'pytorch'``
@@ -95,6 +97,8 @@ class Trainer:
         device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
             on a side stream) while the current step runs (``hookloop/prefetch.py``); no effect
             on the CPU.
+        **mmcv_keys: MMCV 1.x config keys (``runner``, ``data``, ``workflow``, ``fp16``, ...), translated
+            by :mod:`hookloop.compat.mmcv_config`; other names are refused, with "did you mean".
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -103,7 +107,17 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False, compile=None, device_prefetch=True):
+                 find_unused_parameters=False, profile_hooks=False, revise_keys=None, compile=None,
+                 device_prefetch=True, **mmcv_keys):
+        arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
+        arguments.update(mmcv_keys)
+        from .compat.mmcv_config import needs_translation, translate
+        if needs_translation(arguments) or mmcv_keys:  # MMCV 1.x keys (runner=, data=, ...): hookloop's names
+            arguments, notes = translate(arguments, Trainer)
+            Trainer.__init__(self, **arguments)
+            for note in notes:
+                self.logger.info(note)
+            return
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -124,6 +138,7 @@ class Trainer:
             if path is not None and path != 'auto' and not (storage.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
+        self.revise_keys = revise_keys
         self.cfg = cfg
         self.loss_fn = loss_fn
 
@@ -144,6 +159,11 @@ class Trainer:
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
+        self._model_train_step = has_train_step(self.model)  # MMCV: train_step(data_batch, optimizer) is the step
+        if self._model_train_step and self.world_size > 1 and strategy != 'none':
+            raise ConfigError(f'{type(self.model).__name__} has an MMCV train_step: it is called directly, bypassing '
+                              'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
+                              'run it single-process or give the model a forward that returns the losses')
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
         self.device_prefetch = device_prefetch
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
@@ -214,6 +234,20 @@ class Trainer:
         else:
             self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
 
+    def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):
+        """Give a trainer built without one its training data and run length (MMCV's
+        ``runner.run(data_loaders, workflow)`` passes the loaders late)."""
+        if (max_epochs is None) == (max_iters is None):
+            raise ConfigError(f'give exactly one of max_epochs and max_iters (got {max_epochs!r}, {max_iters!r})')
+        self.max_epochs, self.max_iters = _positive_int('max_epochs', max_epochs), _positive_int('max_iters', max_iters)
+        self.by_epoch = max_epochs is not None
+        self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
+        self._init_progress()
+
+    def build_val_loader(self, loader):
+        """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
+        return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)
+
     # The counters live in ``self.position`` (see hookloop/position.py); these read it.
     epoch = property(lambda self: self.position.epoch, lambda self, v: setattr(self.position, 'epoch', v))
     iter = property(lambda self: self.position.iter, lambda self, v: setattr(self.position, 'iter', v))
@@ -264,7 +298,10 @@ class Trainer:
         """Add default hooks for empty roles, build the stage -> methods dispatch table and
         run ``setup`` of the hooks that have not been set up on this trainer yet."""
         if self._dispatch is None:
-            self._hook_list.add_defaults(self.optimizer is not None, self.val_dataloader is not None)
+            # Several optimizers with a train_step model: the model steps them (MMCV's GAN contract).
+            model_steps = self._model_train_step and not isinstance(self.optimizer, torch.optim.Optimizer)
+            self._hook_list.add_defaults(self.optimizer is not None and not model_steps,
+                                         self.val_dataloader is not None)
             table = self._hook_list.stage_table()
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
@@ -434,13 +471,15 @@ class Trainer:
     def train_step(self, batch):
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
         with self.step.forward_context():
+            if self._model_train_step:
+                outputs, logged = mmcv_train_step(self.model, batch, self.optimizer)
+                self.meters.update_dict(logged)
+                return outputs
             outputs = call_model(self.wrapped_model, batch)
             if self.loss_fn is not None:
                 outputs = self.loss_fn(outputs, batch)
-        outputs = as_outputs(outputs)
-        for key, value in outputs.items():
-            if key.startswith('loss') and isinstance(value, torch.Tensor):
-                self.meters.update(key, value)
+        outputs, terms = sum_loss_terms(as_outputs(outputs))
+        self.meters.update_dict(terms)
         return outputs
 
     def _set_loader_epoch(self, loader, epoch, start_batch=0):
@@ -486,7 +525,7 @@ class Trainer:
                 for method in before_iter:
                     method(self)
                 with self.step.val_forward_context():
-                    self.val_outputs = call_model(self.wrapped_model, batch)
+                    self.val_outputs = val_forward(self.wrapped_model, self.model, batch, self.val_evaluator)
                 if self.val_evaluator is not None:
                     outputs, kept = self.val_outputs, batch
                     if remaining is not None:
@@ -629,15 +668,21 @@ class Trainer:
                          self.inner_iter)
         return checkpoint
 
-    def load_weights(self, path, strict=True):
-        """Initialise the model from a checkpoint's weights only (a fresh schedule)."""
+    def load_weights(self, path, strict=True, revise_keys=None):
+        """Initialise the model from a checkpoint's weights only (a fresh schedule).
+        ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
+        ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
+        import re
         checkpoint = load_checkpoint(path, map_location=self.device)
         state = checkpoint.get('state_dict', checkpoint)
+        for pattern, replacement in (self.revise_keys if revise_keys is None else revise_keys) or ():
+            state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
         try:
             self.model.load_state_dict(state, strict=strict)
         except RuntimeError as exc:
             raise CheckpointError(f'weights in {path!r} do not fit the model: {str(exc).splitlines()[0]}') from None
         self.logger.info('loaded weights from %s', path)
+        return checkpoint
 
     def close(self):
         """Release the log files (the trainer cannot log afterwards). The process group
@@ -648,8 +693,29 @@ class Trainer:
 
 
 def build_trainer(name='default', default_args=None):
-    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``."""
-    return TRAINERS.build(dict(type=name, **(default_args or {})))
+    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``.
+
+    For the Trainer (and its subclasses) other engines' configs are translated first: a
+    ModelScope ``configuration.json`` (or ``default_args=dict(cfg_file=..., cfg_modify_fn=...)``,
+    :mod:`hookloop.compat.modelscope`) and MMCV 1.x keys (``runner``, ``data``, ``workflow``,
+    ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
+    at start, likely typos are errors.
+    """
+    args = dict(default_args or {})
+    target = TRAINERS.get(name) if isinstance(name, str) else name
+    notes = []
+    if isinstance(target, type) and issubclass(target, Trainer):
+        from .compat import modelscope
+        from .compat.mmcv_config import translate
+        if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
+            args = modelscope.trainer_args(args)
+        elif modelscope.looks_like_modelscope(args):  # a configuration.json
+            args = modelscope.translate(args)
+        args, notes = translate(args, target)
+    trainer = TRAINERS.build(dict(type=target, **args))
+    for note in notes:
+        trainer.logger.info(note)
+    return trainer
 
 
 __all__ = ['Trainer', 'build_trainer', 'STAGES']
