@@ -7,6 +7,7 @@ instance and state.
 import math
 import os
 
+from . import storage
 from .checkpoint import remove_checkpoint
 from .errors import ConfigError
 
@@ -79,11 +80,11 @@ class BestCheckpoint:
             return False
         previous = self.path
         self.score, self.metric = score, key
-        self.path = os.path.join(directory, f'best_{key}_{filename}')
+        self.path = storage.join(directory, f'best_{key}_{filename}')
         write(self.path)
         if trainer.rank == 0 and previous and previous != self.path:
             for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
-                if os.path.exists(victim):
+                if storage.exists(victim):
                     remove_checkpoint(victim)
         trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
         return True

@@ -4,6 +4,7 @@ A checkpoint is a dict of tensors and plain containers, so
 ``torch.load(weights_only=True)`` reads it and a stranger's file runs no code.
 """
 import glob
+import io
 import os
 import pickle
 import shutil
@@ -14,6 +15,7 @@ import tempfile
 import numpy as np
 import torch
 
+from . import storage
 from .errors import CheckpointError
 
 POINTER_NAME = 'last_checkpoint'
@@ -53,6 +55,8 @@ def atomic_write(path, write):
 
 def remove_checkpoint(path):
     """Delete a checkpoint: a file, or an FSDP checkpoint directory of shards."""
+    if storage.is_url(path):
+        return storage.remove(path)
     if os.path.isdir(path):
         shutil.rmtree(path)
     else:
@@ -61,11 +65,20 @@ def remove_checkpoint(path):
 
 def save_checkpoint(checkpoint, path):
     """Write ``checkpoint`` to ``path`` atomically; CheckpointError on I/O failure."""
+    write = storage.write_atomic_url if storage.is_url(path) else atomic_write
     try:
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
+        write(path, lambda f: torch.save(checkpoint, f))
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
         raise CheckpointError(f'could not write checkpoint {path}: {getattr(exc, "strerror", None) or exc}; '
                               'the previous checkpoint is kept') from exc
+
+
+def write_checkpoint(checkpoint, path, pointer_dir=None):
+    """Save ``checkpoint`` to ``path`` atomically, then (with ``pointer_dir``) move that
+    directory's ``last_checkpoint`` pointer to it: the order that keeps the pointer valid."""
+    save_checkpoint(checkpoint, path)
+    if pointer_dir is not None:
+        update_pointer(pointer_dir, path)
 
 
 def update_pointer(work_dir, checkpoint_path):
@@ -73,9 +86,10 @@ def update_pointer(work_dir, checkpoint_path):
 
     Called only after the checkpoint itself is renamed into place, so the pointer
     always names a complete file."""
-    target = os.path.abspath(checkpoint_path)
+    target = storage.normalize(checkpoint_path)
+    write = storage.write_atomic_url if storage.is_url(work_dir) else atomic_write
     try:
-        atomic_write(os.path.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
+        write(storage.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
     except OSError as exc:
         raise CheckpointError(f'could not update {os.path.join(work_dir, POINTER_NAME)}: '
                               f'{getattr(exc, "strerror", None) or exc}; it still names the previous checkpoint') from exc
@@ -85,6 +99,8 @@ def remove_stale_temporaries(directory):
     """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
 
     Only rank 0 of the run that owns ``directory`` should call this, before it saves."""
+    if storage.is_url(directory):
+        return storage.remove_stale_temporaries_url(directory)
     removed = []
     for path in glob.glob(os.path.join(glob.escape(directory), '.*' + TMP_SUFFIX)):
         try:
@@ -105,32 +121,31 @@ def save_safetensors(state_dict, path):
     # of each tensor is what a weights file should hold anyway.
     tensors = {key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
                if hasattr(value, 'detach')}
+    write = storage.write_atomic_url if storage.is_url(path) else atomic_write
     try:
-        atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
+        write(path, lambda f: f.write(safetensors_bytes(tensors)))
     except OSError as exc:
         raise CheckpointError(f'could not write {path}: {getattr(exc, "strerror", None) or exc}') from exc
 
 
 def read_pointer(work_dir):
     """The checkpoint path the pointer names, or None when there is no pointer."""
-    pointer = os.path.join(work_dir, POINTER_NAME)
-    if not os.path.exists(pointer):
+    pointer = storage.join(os.fspath(work_dir), POINTER_NAME)
+    if not storage.exists(pointer):
         return None
-    with open(pointer, encoding='utf-8') as f:
-        path = f.read().strip()
-    if not os.path.isabs(path):
-        path = os.path.join(work_dir, path)
-    return path
+    path = storage.read_bytes(pointer).decode('utf-8').strip()
+    return storage.join(os.fspath(work_dir), path)
 
 
 def load_checkpoint(path, map_location='cpu'):
     """Load a checkpoint with ``weights_only=True``; anything else is a CheckpointError."""
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise CheckpointError(f'checkpoint {path!r} does not exist')
-    if os.path.isdir(path):
+    if storage.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
+    source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r'GLOBAL (\S+)', str(exc))
         what = f' (it references {found.group(1)})' if found else ''

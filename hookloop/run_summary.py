@@ -19,9 +19,9 @@ def summary_items(trainer, start_time, start_iter):
         method = getattr(hook, 'run_summary', None)
         if method is not None:
             items.update(method(trainer) or {})
-    last = read_pointer(trainer.work_dir) if trainer.rank == 0 else None
-    if last:
-        items['last checkpoint'] = os.path.relpath(last, trainer.work_dir)
+    last = read_pointer(trainer.storage_dir) if trainer.rank == 0 else None
+    if last:  # a URL (fsspec work dir or out_dir) is shown as it is
+        items['last checkpoint'] = last if '://' in last else os.path.relpath(last, trainer.storage_dir)
     logs = [os.path.relpath(h.baseFilename, trainer.work_dir) for h in trainer.logger.handlers
             if isinstance(h, logging.FileHandler)]
     if logs:
