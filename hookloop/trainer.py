@@ -30,6 +30,7 @@ from .paths import ensure_writable_dir
 from .model_step import as_outputs, call_model, move_to_device
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
+from .trained_state import frozen_meta, load_trained_state, trained_state_dict
 
 
 def _positive_int(name, value):
@@ -551,8 +552,9 @@ class Trainer:
             return self.epoch + 1, self.iter, 0
         return self.epoch, self.iter, self.inner_iter
 
-    def state_dict(self, save_optimizer=True):
-        """Everything exact resume needs, as tensors and plain containers."""
+    def state_dict(self, save_optimizer=True, save_frozen=True):
+        """Everything exact resume needs, as tensors and plain containers. With
+        ``save_frozen=False`` the weights are only the trained ones (``hookloop.trained_state``)."""
         epoch, it, inner_iter = self.checkpoint_position()
         checkpoint = {
             'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
@@ -565,13 +567,16 @@ class Trainer:
         }
         if save_optimizer and self.optimizer is not None:
             checkpoint['optimizer'] = self.optimizer.state_dict()
+        if not save_frozen:
+            checkpoint['state_dict'] = trained_state_dict(self.model)
+            checkpoint['meta']['frozen'] = frozen_meta(self.model)
         return checkpoint
 
-    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
+    def save_checkpoint(self, path, save_optimizer=True, update_last=True, save_frozen=True):
         """Write a checkpoint atomically to ``path`` (absolute, or relative to the work dir)
         and, with ``update_last``, move the ``last_checkpoint`` pointer to it."""
         path = os.path.join(self.work_dir, path)
-        checkpoint = self.state_dict(save_optimizer)
+        checkpoint = self.state_dict(save_optimizer, save_frozen)
         self.resolve_hooks()
         self.call_hook('before_save_checkpoint', checkpoint)
         if is_sharded_model(self.wrapped_model):  # every rank writes its shards
@@ -621,7 +626,11 @@ class Trainer:
                 if key not in checkpoint:
                     raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
             try:
-                self.model.load_state_dict(checkpoint['state_dict'])
+                frozen = checkpoint['meta'].get('frozen')
+                if frozen is not None and not frozen.get('saved', True):
+                    load_trained_state(self.model, checkpoint['state_dict'], frozen, path)
+                else:
+                    self.model.load_state_dict(checkpoint['state_dict'])
                 if 'optimizer' in checkpoint and self.optimizer is not None:
                     self.optimizer.load_state_dict(checkpoint['optimizer'])
             except (RuntimeError, ValueError, KeyError) as exc:

@@ -14,10 +14,11 @@ from .diffusers_backend import DiffusersDreamBooth
 from .loss import PriorPreservationLoss
 from .noise_schedule import DDPMSchedule
 from .save_pipeline_hook import SavePipelineHook
+from .validation import ValidationImagesHook
 from .tiny import TinyDiffusion
 from .toy import ToyClassSamples, ToySubjectSamples, pretrain_toy_model
 from .trainer import DreamBoothDiffusionTrainer
 
 __all__ = ['DreamBoothDiffusionTrainer', 'DreamBoothDataset', 'collate_dreambooth', 'DiffusersDreamBooth',
-           'PriorPreservationLoss', 'DDPMSchedule', 'SavePipelineHook', 'TinyDiffusion', 'ToyClassSamples',
+           'PriorPreservationLoss', 'DDPMSchedule', 'SavePipelineHook', 'ValidationImagesHook', 'TinyDiffusion', 'ToyClassSamples',
            'ToySubjectSamples', 'pretrain_toy_model']

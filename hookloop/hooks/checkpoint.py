@@ -35,13 +35,19 @@ class CheckpointHook(Hook):
             common names (acc, top1, mAP, f1, ... -> greater; loss, error, mse, ... -> less).
         export_safetensors: also write the weights beside each checkpoint as ``.safetensors``:
             ``True``/``'model'`` the model's weights, ``'ema'`` the EMA weights (needs an EMAHook).
+        save_frozen: False saves only the trained weights (parameters with ``requires_grad``
+            and the buffers of their modules) plus a fingerprint of the frozen rest; a resume
+            takes the frozen rest from the model as built and refuses one whose frozen weights
+            differ (``hookloop.trained_state``). Optimizer, schedule, RNG and hook states are
+            saved as always.
     """
 
     PRIORITY = Priority.NORMAL
     ROLE = 'checkpoint'
 
     def __init__(self, interval=-1, by_epoch=True, save_optimizer=True, out_dir=None, max_keep_ckpts=-1,
-                 save_last=True, save_best=None, rule=None, export_safetensors=False):
+                 save_last=True, save_best=None, rule=None, export_safetensors=False,
+                 save_frozen=True):
         if not _is_int(interval) or interval == 0 or interval < -1:
             raise ConfigError(f'CheckpointHook interval must be a positive int or -1, got {interval!r}')
         if not _is_int(max_keep_ckpts) or max_keep_ckpts == 0 or max_keep_ckpts < -1:
@@ -54,6 +60,9 @@ class CheckpointHook(Hook):
                               f'got {export_safetensors!r}')
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
+        if not isinstance(save_frozen, bool):
+            raise ConfigError(f'CheckpointHook save_frozen must be True or False, got {save_frozen!r}')
+        self.save_frozen = save_frozen
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
         self.saved = []          # interval checkpoints, oldest first
         self._capture = None     # set while this hook saves: receives the checkpoint dict
@@ -90,7 +99,8 @@ class CheckpointHook(Hook):
     def _write(self, trainer, path, update_last):
         self._capture = []
         try:
-            trainer.save_checkpoint(path, save_optimizer=self.save_optimizer, update_last=update_last)
+            trainer.save_checkpoint(path, save_optimizer=self.save_optimizer, update_last=update_last,
+                                    save_frozen=self.save_frozen)
             checkpoint = self._capture[0] if self._capture else None
         finally:
             self._capture = None
