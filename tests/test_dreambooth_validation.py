@@ -24,8 +24,13 @@ def base(tmp_path_factory):
     return save_random_pipeline(str(tmp_path_factory.mktemp('sd')), resolution=16)
 
 
+def subject_samples():
+    """Two fixed 16x16 RGB samples in [-1, 1] (the same in every run of a test)."""
+    return torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
+
+
 def dreambooth(work_dir, base, **overrides):
-    args = dict(model=base, instance_data=torch.rand(2, 3, 16, 16) * 2 - 1, instance_prompt='a sks dog',
+    args = dict(model=base, instance_data=subject_samples(), instance_prompt='a sks dog',
                 optimizer=dict(type='AdamW', lr=1e-2), max_iters=3, work_dir=str(work_dir), seed=0, device='cpu',
                 log_config=dict(interval=1))
     args.update(overrides)

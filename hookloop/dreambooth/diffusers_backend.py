@@ -144,7 +144,8 @@ class DiffusersDreamBooth(nn.Module):
         if gradient_checkpointing:
             self.unet.enable_gradient_checkpointing()
             if self.text_encoder_trained:
-                self.text_encoder.gradient_checkpointing_enable()
+                enable = getattr(self.text_encoder, 'activation_checkpointing_enable', None)  # transformers >= 5.x
+                (enable or self.text_encoder.gradient_checkpointing_enable)()
         self.vae.eval()
         self.text_encoder.train(False)
         self.tokenizer_max_length = tokenizer_max_length or self.tokenizer.model_max_length
