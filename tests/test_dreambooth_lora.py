@@ -216,3 +216,18 @@ def test_lora_options_are_checked(tmp_path, base):
         dreambooth(tmp_path, base, lora=dict(ranks=4))
     with pytest.raises(ConfigError, match='lora and train_text_encoder=True exclude each other'):
         dreambooth(tmp_path, base, lora=dict(rank=4), train_text_encoder=True)
+
+
+def test_the_lora_example_config_trains_on_a_random_pipeline(tmp_path, base):
+    from hookloop.cli import build_from_config
+    config = os.path.join(os.path.dirname(__file__), '..', 'configs', 'dreambooth_lora.py')
+    subject = subject_images(tmp_path / 'subject')
+    trainer = build_from_config(config, [
+        f'model={base!r}', f'instance_data_dir={subject!r}', 'resolution=16', 'num_class_images=1', 'max_iters=2',
+        'optimizer_config.precision="bf16"', 'train_dataloader.num_workers=0', 'validation.every_n_iters=2',
+        'validation.num_inference_steps=2', 'checkpoint_config.interval=2', 'lr_config.warmup_iters=1'],
+        work_dir=str(tmp_path / 'work'))
+    train(trainer)
+    assert os.listdir(tmp_path / 'work' / 'pipeline') == ['pytorch_lora_weights.safetensors']
+    assert len(os.listdir(tmp_path / 'work' / 'validation' / 'iter_2')) == 2
+    assert not any(k.startswith('vae.') for k in load_checkpoint(read_pointer(str(tmp_path / 'work')))['state_dict'])
