@@ -3,12 +3,13 @@
 A fine-tuning run often trains a small part of a large model (a UNet next to a frozen VAE
 and text encoder, or LoRA adapters inside a frozen base). Its checkpoints need only what
 training changes: :func:`trained_state_dict` keeps the parameters with ``requires_grad``
-and the buffers of the modules that own such parameters. On resume the frozen part comes
+and the buffers of the modules that own such parameters or run in training mode. On resume the frozen part comes
 from the model as built (e.g. from the base pipeline directory); a fingerprint of its
 contents, stored in the checkpoint, makes sure it is the same frozen part it was saved
 with, so a different base is refused instead of silently mixed in.
 """
 import hashlib
+import weakref
 
 import torch
 
@@ -16,16 +17,18 @@ from .errors import CheckpointError
 
 
 def trained_keys(model):
-    """The ``model.state_dict()`` keys of trainable parameters and of the buffers of
-    modules that own a trainable parameter (directly)."""
+    """The ``model.state_dict()`` keys of trainable parameters, and of the buffers of modules
+    that own a trainable parameter or are in training mode (a frozen BatchNorm left in
+    training mode still updates its running statistics: they are part of what training
+    changes)."""
     keys = set()
     for prefix, module in model.named_modules():
         own = list(module.named_parameters(recurse=False))
-        if not any(p.requires_grad for _, p in own):
-            continue
+        trains = any(p.requires_grad for _, p in own)
         dot = f'{prefix}.' if prefix else ''
         keys.update(dot + name for name, p in own if p.requires_grad)
-        keys.update(dot + name for name, _ in module.named_buffers(recurse=False))
+        if trains or module.training:
+            keys.update(dot + name for name, _ in module.named_buffers(recurse=False))
     return keys
 
 
@@ -35,17 +38,29 @@ def trained_state_dict(model):
     return {key: value for key, value in model.state_dict().items() if key in keys}
 
 
+_FINGERPRINTS = weakref.WeakKeyDictionary()  # model -> (what the hash was computed over, hash)
+
+
 def frozen_fingerprint(model):
     """A content hash (BLAKE2b, hex) of every ``state_dict`` entry that is not trained:
-    names, dtypes, shapes and bytes. Costs one read of the frozen weights."""
+    names, dtypes, shapes and bytes. The first call reads the frozen weights once; later
+    calls reuse it while the same tensors are there unmodified (torch counts in-place
+    writes in ``tensor._version``), so periodic checkpoints do not re-hash gigabytes."""
     keys = trained_keys(model)
+    frozen = [(key, value) for key, value in sorted(model.state_dict().items())
+              if key not in keys and isinstance(value, torch.Tensor)]
+    signature = tuple((key, value.data_ptr(), value._version, value.dtype, tuple(value.shape))
+                      for key, value in frozen)
+    cached = _FINGERPRINTS.get(model)
+    if cached is not None and cached[0] == signature:
+        return cached[1]
     digest = hashlib.blake2b(digest_size=16)
-    for key, value in sorted(model.state_dict().items()):
-        if key in keys or not isinstance(value, torch.Tensor):
-            continue
+    for key, value in frozen:
         tensor = value.detach().cpu().contiguous()
         digest.update(f'{key}|{tensor.dtype}|{tuple(tensor.shape)}|'.encode())
-        digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b'')
+        if tensor.numel():
+            digest.update(tensor.view(-1).view(torch.uint8).numpy())
+    _FINGERPRINTS[model] = (signature, digest.hexdigest())
     return digest.hexdigest()
 
 
