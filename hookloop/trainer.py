@@ -657,6 +657,11 @@ class Trainer:
         """Initialise the model from a checkpoint's weights only (a fresh schedule)."""
         checkpoint = load_checkpoint(path, map_location=self.device)
         state = checkpoint.get('state_dict', checkpoint)
+        frozen = checkpoint.get('meta', {}).get('frozen') if isinstance(checkpoint.get('meta'), dict) else None
+        if frozen is not None and not frozen.get('saved', True):  # saved with save_frozen=False
+            load_trained_state(self.model, state, frozen, path)
+            self.logger.info('loaded the trained weights from %s', path)
+            return
         try:
             self.model.load_state_dict(state, strict=strict)
         except RuntimeError as exc:

@@ -80,3 +80,12 @@ def test_fingerprint_follows_in_place_changes():
     assert frozen_fingerprint(model) != before
     model.backbone[1].running_mean = torch.ones(8)  # a replaced tensor
     assert frozen_fingerprint(model) != before
+
+
+def test_load_from_a_trained_only_checkpoint(tmp_path):
+    first = train(trainer(tmp_path / 'run', max_iters=4))
+    fresh = trainer(tmp_path / 'fresh', max_iters=1, load_from=read_pointer(first.work_dir))
+    fresh.load_weights(read_pointer(first.work_dir))
+    for key, value in first.model.state_dict().items():
+        assert torch.equal(fresh.model.state_dict()[key], value), key
+    fresh.close()

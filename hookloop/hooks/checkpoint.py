@@ -35,8 +35,9 @@ class CheckpointHook(Hook):
             common names (acc, top1, mAP, f1, ... -> greater; loss, error, mse, ... -> less).
         export_safetensors: also write the weights beside each checkpoint as ``.safetensors``:
             ``True``/``'model'`` the model's weights, ``'ema'`` the EMA weights (needs an EMAHook).
-        save_frozen: False saves only the trained weights (parameters with ``requires_grad``
-            and the buffers of their modules) plus a fingerprint of the frozen rest; a resume
+        save_frozen: False saves only the trained weights (parameters with ``requires_grad``,
+            the buffers of their modules and of modules in training mode) plus a fingerprint
+            of the frozen rest; a resume
             takes the frozen rest from the model as built and refuses one whose frozen weights
             differ (``hookloop.trained_state``). Optimizer, schedule, RNG and hook states are
             saved as always.
