@@ -244,3 +244,12 @@ def test_instance_images_from_a_directory_are_read_as_grey_8x8(tmp_path, pretrai
     item = trainer.dreambooth_dataset[0]
     assert item['instance'].shape == (1, 8, 8) and -1 <= item['instance'].min() <= item['instance'].max() <= 1
     assert torch.isfinite(trainer.outputs['loss'])
+
+
+def test_validation_images_with_the_tiny_back_end(tmp_path, pretrained):
+    trainer = train(dreambooth(tmp_path / 'w', pretrained, validation=dict(prompts=['a sks dog'], every_n_iters=3,
+                                                                           num_images=2, seed=0)))
+    root = tmp_path / 'w' / 'validation'
+    assert sorted(os.listdir(root)) == ['iter_3', 'iter_6']
+    assert sorted(os.listdir(root / 'iter_6')) == ['0_a_sks_dog_seed0.png', '0_a_sks_dog_seed1.png']
+    assert trainer.iter == 6
