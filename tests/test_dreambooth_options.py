@@ -192,10 +192,15 @@ def test_gradient_checkpointing_trains_to_the_same_weights(tmp_path, base):
 
 def test_options_need_the_diffusers_back_end(tmp_path):
     from hookloop.dreambooth import TinyDiffusion
-    with pytest.raises(ConfigError, match="\\['lora'\\] need the diffusers back-end"):
+    with pytest.raises(ConfigError, match="\\['lora'\\] configure the diffusers back-end"):
         build_trainer('dreambooth_diffusion', default_args=dict(
             model=TinyDiffusion(), instance_data=torch.zeros(1, 1, 8, 8), instance_prompt='a sks dog',
             lora=dict(rank=4), optimizer=dict(type='Adam', lr=1e-3), max_iters=1, work_dir=str(tmp_path),
+            device='cpu'))
+    with pytest.raises(ConfigError, match="\\['snr_gamma'\\] need the diffusers back-end .* not 'TinyDiffusion'"):
+        build_trainer('dreambooth_diffusion', default_args=dict(
+            model=dict(type='TinyDiffusion'), instance_data=torch.zeros(1, 1, 8, 8), instance_prompt='a sks dog',
+            snr_gamma=5.0, optimizer=dict(type='Adam', lr=1e-3), max_iters=1, work_dir=str(tmp_path),
             device='cpu'))
 
 

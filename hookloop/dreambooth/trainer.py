@@ -96,10 +96,13 @@ def _with_model_options(model, options):
     given = {k: v for k, v in options.items() if v != _MODEL_OPTIONS[k]}
     if not given:
         return model
-    if not isinstance(model, Mapping) or model.get('type') not in ('DiffusersDreamBooth', None):
+    if not isinstance(model, Mapping):
+        raise ConfigError(f'dreambooth_diffusion {sorted(given)} configure the diffusers back-end: give the model '
+                          f'as a pipeline directory or a config dict, not a built {type(model).__name__} '
+                          '(or pass them to its constructor)')
+    if model.get('type') != 'DiffusersDreamBooth':
         raise ConfigError(f'dreambooth_diffusion {sorted(given)} need the diffusers back-end (a pipeline '
-                          'directory or dict(type="DiffusersDreamBooth", ...)), not '
-                          f'{type(model).__name__ if not isinstance(model, Mapping) else model.get("type")}')
+                          f'directory or dict(type="DiffusersDreamBooth", ...)), not {model.get("type")!r}')
     clash = sorted(set(given) & set(model))
     if clash:
         raise ConfigError(f'dreambooth_diffusion {clash} given both to the trainer and in the model config')
