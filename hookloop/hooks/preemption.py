@@ -69,7 +69,7 @@ class PreemptionHook(Hook):
     def after_run(self, trainer):
         try:
             if self.received is not None and self.save and trainer.exception is None:
-                epoch, it, _ = trainer.checkpoint_position()
+                epoch, it, _ = trainer.position.resume_point()
                 path = trainer.save_checkpoint(f'preempt_iter_{it}.pth')
                 trainer.logger.info('%s: saved %s at epoch %d, iteration %d; continue with --resume auto',
                                     self.received, path, epoch, it)
