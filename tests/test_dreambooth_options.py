@@ -166,6 +166,11 @@ def test_use_8bit_adam_without_bitsandbytes_is_a_clear_error(tmp_path, base):
         assert type(dreambooth(tmp_path, base, use_8bit_adam=True).optimizer).__name__ == 'AdamW8bit'
 
 
+def test_text_encoder_lr_without_a_trained_text_encoder_is_refused(tmp_path, base):
+    with pytest.raises(ConfigError, match='text_encoder_lr is set but the text encoder does not train'):
+        dreambooth(tmp_path, base, text_encoder_lr=1e-4)
+
+
 def test_scale_lr_and_default_clipping(tmp_path, base):
     trainer = dreambooth(tmp_path, base, scale_lr=True, train_dataloader=dict(batch_size=2),
                          optimizer_config=dict(cumulative_iters=2))

@@ -116,6 +116,9 @@ def _optimizer_with_groups(optimizer, model, text_encoder_lr, use_8bit_adam):
     kind = cfg.pop('type', 'AdamW')
     text = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith('text_encoder.')]
     rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith('text_encoder.')]
+    if text_encoder_lr is not None and not text:
+        raise ConfigError('dreambooth_diffusion text_encoder_lr is set but the text encoder does not train '
+                          '(set train_text_encoder=True or lora=dict(..., text_encoder=True))')
     groups = [{'params': rest}] + ([{'params': text, 'lr': text_encoder_lr}] if text and text_encoder_lr else [])
     if len(groups) == 1 and text:
         groups[0]['params'] = rest + text
@@ -297,6 +300,8 @@ class DreamBoothDiffusionTrainer(Trainer):
         if isinstance(kwargs.get('checkpoint_config'), Mapping):
             kwargs['checkpoint_config'] = {'save_frozen': False, **kwargs['checkpoint_config']}
         optimizer = kwargs.get('optimizer')
+        if scale_lr and not isinstance(optimizer, Mapping):
+            raise ConfigError('dreambooth_diffusion scale_lr=True needs optimizer as a config dict with an lr')
         if isinstance(optimizer, Mapping) and scale_lr:
             optimizer = dict(optimizer)
             factor = loader['batch_size'] * _cumulative_iters(kwargs.get('optimizer_config')) * \
