@@ -218,6 +218,7 @@ def test_lora_options_are_checked(tmp_path, base):
         dreambooth(tmp_path, base, lora=dict(rank=4), train_text_encoder=True)
 
 
+@pytest.mark.slow
 def test_the_lora_example_config_trains_on_a_random_pipeline(tmp_path, base):
     from hookloop.cli import build_from_config
     config = os.path.join(os.path.dirname(__file__), '..', 'configs', 'dreambooth_lora.py')
