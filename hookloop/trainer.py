@@ -38,6 +38,7 @@ from .prefetch import DevicePrefetcher, uses_prefetch
 from .registry import TRAINERS
 from .step import StepState
 from .train_stream import TrainStream, dataset_name
+from .trained_state import frozen_meta, load_trained_state, trained_state_dict
 
 
 def _positive_int(name, value):
@@ -553,8 +554,9 @@ class Trainer:
         resume point ``self.position`` gives; see hookloop/position.py)."""
         return self.position.resume_point()
 
-    def state_dict(self, save_optimizer=True):
-        """Everything exact resume needs, as tensors and plain containers."""
+    def state_dict(self, save_optimizer=True, save_frozen=True):
+        """Everything exact resume needs, as tensors and plain containers. With
+        ``save_frozen=False`` the weights are only the trained ones (``hookloop.trained_state``)."""
         checkpoint = {
             'meta': {**self.position.state_dict(), 'seed': self.seed,
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
@@ -568,13 +570,16 @@ class Trainer:
             checkpoint['data'] = self.train_stream.state_dict()
         if save_optimizer and self.optimizer is not None:
             checkpoint['optimizer'] = self.optimizer.state_dict()
+        if not save_frozen:
+            checkpoint['state_dict'] = trained_state_dict(self.model)
+            checkpoint['meta']['frozen'] = frozen_meta(self.model)
         return checkpoint
 
-    def build_checkpoint(self, save_optimizer=True):
+    def build_checkpoint(self, save_optimizer=True, save_frozen=True):
         """The checkpoint dict: :meth:`state_dict` plus the entries hooks add in
         ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
-        (a hook may all-reduce there)."""
-        checkpoint = self.state_dict(save_optimizer)
+        (a hook may all-reduce there). ``save_frozen=False``: only the trained weights."""
+        checkpoint = self.state_dict(save_optimizer, save_frozen)
         self.resolve_hooks()
         self.call_hook('before_save_checkpoint', checkpoint)
         return checkpoint
@@ -652,7 +657,11 @@ class Trainer:
                 if key not in checkpoint:
                     raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
             try:
-                self.model.load_state_dict(checkpoint['state_dict'])
+                frozen = checkpoint['meta'].get('frozen')
+                if frozen is not None and not frozen.get('saved', True):
+                    load_trained_state(self.model, checkpoint['state_dict'], frozen, path)
+                else:
+                    self.model.load_state_dict(checkpoint['state_dict'])
                 if 'optimizer' in checkpoint and self.optimizer is not None:
                     self.optimizer.load_state_dict(checkpoint['optimizer'])
             except (RuntimeError, ValueError, KeyError) as exc:
@@ -687,6 +696,11 @@ class Trainer:
         state = checkpoint.get('state_dict', checkpoint)
         for pattern, replacement in (self.revise_keys if revise_keys is None else revise_keys) or ():
             state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
+        frozen = checkpoint.get('meta', {}).get('frozen') if isinstance(checkpoint.get('meta'), dict) else None
+        if frozen is not None and not frozen.get('saved', True):  # saved with save_frozen=False
+            load_trained_state(self.model, state, frozen, path)
+            self.logger.info('loaded the trained weights from %s', path)
+            return checkpoint
         try:
             self.model.load_state_dict(state, strict=strict)
         except RuntimeError as exc:

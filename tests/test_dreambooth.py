@@ -54,7 +54,8 @@ def test_trainer_matches_plain_pytorch_dreambooth_loop(tmp_path, pretrained):
     class_dir = tmp_path / 'run' / 'class_samples'
     assert len(os.listdir(class_dir)) == 4
 
-    # The same job as a plain loop: same weights, data, order, seed and two-term loss.
+    # The same job as a plain loop: same weights, data, order, seed and two-term loss, and
+    # diffusers' default clipping (max_grad_norm=1.0).
     from safetensors.torch import load_file
     model = TinyDiffusion.from_pretrained(pretrained)
     instances = list(ToySubjectSamples(4))
@@ -68,6 +69,7 @@ def test_trainer_matches_plain_pytorch_dreambooth_loop(tmp_path, pretrained):
         loss = F.mse_loss(out['model_pred'][:2], out['target'][:2]) + \
             0.5 * F.mse_loss(out['model_pred'][2:], out['target'][2:])
         loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
         optimizer.step()
         optimizer.zero_grad()
     for (name, a), b in zip(trainer.model.state_dict().items(), model.state_dict().values()):
@@ -242,3 +244,12 @@ def test_instance_images_from_a_directory_are_read_as_grey_8x8(tmp_path, pretrai
     item = trainer.dreambooth_dataset[0]
     assert item['instance'].shape == (1, 8, 8) and -1 <= item['instance'].min() <= item['instance'].max() <= 1
     assert torch.isfinite(trainer.outputs['loss'])
+
+
+def test_validation_images_with_the_tiny_back_end(tmp_path, pretrained):
+    trainer = train(dreambooth(tmp_path / 'w', pretrained, validation=dict(prompts=['a sks dog'], every_n_iters=3,
+                                                                           num_images=2, seed=0)))
+    root = tmp_path / 'w' / 'validation'
+    assert sorted(os.listdir(root)) == ['iter_3', 'iter_6']
+    assert sorted(os.listdir(root / 'iter_6')) == ['0_a_sks_dog_seed0.png', '0_a_sks_dog_seed1.png']
+    assert trainer.iter == 6

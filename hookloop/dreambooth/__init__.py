@@ -1,11 +1,13 @@
 """DreamBooth fine-tuning: the ``dreambooth_diffusion`` trainer and its two back-ends.
 
 Importing this package registers ``dreambooth_diffusion`` in ``TRAINERS``, the back-ends
-``TinyDiffusion`` and ``DiffusersDreamBooth`` in ``MODELS`` and ``SavePipelineHook`` in
-``HOOKS``. diffusers and transformers are imported only when the diffusers back-end is built.
+``TinyDiffusion`` and ``DiffusersDreamBooth`` in ``MODELS`` and ``SavePipelineHook`` and
+``ValidationImagesHook`` in ``HOOKS``. diffusers, transformers and peft are imported only
+when the diffusers back-end is built.
 
 A back-end is an ``nn.Module`` with: ``forward(pixel_values, prompts) -> {'model_pred',
-'target'}``; ``generate(prompts, generator=None, resolution=None)`` -> samples in [-1, 1];
+'target'}`` (and for validation images ``forward(prompts=..., seeds=...) -> {'images'}``);
+``generate(prompts, generator=None, resolution=None)`` -> samples in [-1, 1];
 ``save_sample(sample, path_stem)``; ``save_pretrained(directory)``; ``vae_scale_factor``;
 and optionally ``resolution``, ``sample_channels`` and ``fixed_resolution``.
 """
@@ -14,10 +16,11 @@ from .diffusers_backend import DiffusersDreamBooth
 from .loss import PriorPreservationLoss
 from .noise_schedule import DDPMSchedule
 from .save_pipeline_hook import SavePipelineHook
+from .validation import ValidationImagesHook
 from .tiny import TinyDiffusion
 from .toy import ToyClassSamples, ToySubjectSamples, pretrain_toy_model
 from .trainer import DreamBoothDiffusionTrainer
 
 __all__ = ['DreamBoothDiffusionTrainer', 'DreamBoothDataset', 'collate_dreambooth', 'DiffusersDreamBooth',
-           'PriorPreservationLoss', 'DDPMSchedule', 'SavePipelineHook', 'TinyDiffusion', 'ToyClassSamples',
+           'PriorPreservationLoss', 'DDPMSchedule', 'SavePipelineHook', 'ValidationImagesHook', 'TinyDiffusion', 'ToyClassSamples',
            'ToySubjectSamples', 'pretrain_toy_model']

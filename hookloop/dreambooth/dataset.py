@@ -21,17 +21,28 @@ def list_samples(directory):
                   if name.lower().endswith(SAMPLE_SUFFIXES) and not name.startswith('.'))
 
 
-def image_to_tensor(image, resolution, channels=3):
-    """A PIL image resized (shorter side) and centre-cropped to ``resolution``, as a
-    ``(channels, resolution, resolution)`` float tensor in [-1, 1]."""
-    from PIL import Image
+def image_to_tensor(image, resolution, channels=3, center_crop=True, random_flip=False):
+    """A PIL image as diffusers' DreamBooth script prepares it: EXIF orientation applied,
+    converted to RGB (or grey), the shorter side resized to ``resolution`` (bilinear), a
+    ``resolution`` square cropped from the centre (``center_crop``) or at a random place,
+    mirrored with probability 1/2 (``random_flip``); a ``(channels, resolution, resolution)``
+    float tensor in [-1, 1]. Random draws use the global torch RNG in the order and form of
+    torchvision's ``RandomCrop`` and ``RandomHorizontalFlip`` (restored on resume)."""
+    from PIL import Image, ImageOps
+    image = ImageOps.exif_transpose(image)
     image = image.convert('L' if channels == 1 else 'RGB')
     if resolution is not None:
         scale = resolution / min(image.size)
         size = (max(resolution, round(image.size[0] * scale)), max(resolution, round(image.size[1] * scale)))
         image = image.resize(size, Image.BILINEAR)
-        left, top = (size[0] - resolution) // 2, (size[1] - resolution) // 2
+        if center_crop:
+            left, top = (size[0] - resolution) // 2, (size[1] - resolution) // 2
+        else:
+            top = int(torch.randint(0, size[1] - resolution + 1, size=(1,)).item())
+            left = int(torch.randint(0, size[0] - resolution + 1, size=(1,)).item())
         image = image.crop((left, top, left + resolution, top + resolution))
+    if random_flip and torch.rand(1) < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
     data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
     data = data.view(image.size[1], image.size[0], channels).permute(2, 0, 1)
     return data.float() / 127.5 - 1.0
@@ -45,13 +56,13 @@ def tensor_to_image(sample):
     return Image.fromarray(data[..., 0] if data.shape[-1] == 1 else data)
 
 
-def load_sample(path, resolution=None, channels=3):
+def load_sample(path, resolution=None, channels=3, center_crop=True, random_flip=False):
     if path.lower().endswith('.safetensors'):
         from safetensors.torch import load_file
         return load_file(path)['sample']
     from PIL import Image
     with Image.open(path) as image:
-        return image_to_tensor(image, resolution, channels)
+        return image_to_tensor(image, resolution, channels, center_crop, random_flip)
 
 
 class DreamBoothDataset(Dataset):
@@ -64,17 +75,20 @@ class DreamBoothDataset(Dataset):
         class_data_dir, class_prompt, num_class_images: where the class samples are and
             how many to use (None: no prior preservation).
         resolution, channels: what image files are resized / converted to.
+        center_crop, random_flip: how image files are cropped and mirrored (see
+            :func:`image_to_tensor`), instance and class images alike (as diffusers does).
 
     The length is ``max(#instance, num_class_images)``; instance samples repeat.
     """
 
     def __init__(self, instance_samples, instance_prompt, class_data_dir=None, class_prompt=None,
-                 num_class_images=0, resolution=None, channels=3):
+                 num_class_images=0, resolution=None, channels=3, center_crop=True, random_flip=False):
         self.instance_samples = list(instance_samples)
         self.instance_prompt = instance_prompt
         self.class_data_dir, self.class_prompt = class_data_dir, class_prompt
         self.num_class_images = num_class_images if class_data_dir is not None else 0
         self.resolution, self.channels = resolution, channels
+        self.center_crop, self.random_flip = center_crop, random_flip
         self.class_samples = None  # listed on first use, after the trainer generated them
 
     def __len__(self):
@@ -96,7 +110,7 @@ class DreamBoothDataset(Dataset):
     def _load(self, sample):
         if isinstance(sample, torch.Tensor):
             return sample.float()
-        return load_sample(sample, self.resolution, self.channels)
+        return load_sample(sample, self.resolution, self.channels, self.center_crop, self.random_flip)
 
     def __getitem__(self, index):
         item = {'instance': self._load(self.instance_samples[index % len(self.instance_samples)]),

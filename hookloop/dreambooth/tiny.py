@@ -135,7 +135,12 @@ class TinyDiffusion(nn.Module):
             return table
         return table[torch.tensor([positions[p] for p in prompts], device=table.device)]
 
-    def forward(self, pixel_values, prompts):
+    def forward(self, pixel_values=None, prompts=None, seeds=None, num_inference_steps=None, guidance_scale=None):
+        if seeds is not None:  # a validation batch (the tiny sampler has fixed steps, no guidance)
+            from .validation import generate_seeded
+            device = next(self.denoiser.parameters()).device
+            return {'images': torch.cat([generate_seeded(self.generate, [prompt], [seed], device)
+                                         for prompt, seed in zip(prompts, seeds)])}
         if tuple(pixel_values.shape[1:]) != self.sample_shape:
             raise ConfigError(f'TinyDiffusion expects samples of shape {self.sample_shape}, got '
                               f'{tuple(pixel_values.shape[1:])}')
@@ -156,7 +161,9 @@ class TinyDiffusion(nn.Module):
         """Ancestral DDPM sampling: one sample in [-1, 1] (clamped) per prompt.
 
         ``generator`` (a CPU ``torch.Generator``) makes the samples reproducible without
-        touching the global RNG."""
+        touching the global RNG (a list of generators: the first is used)."""
+        if isinstance(generator, (list, tuple)):
+            generator = generator[0]
         device = next(self.denoiser.parameters()).device
         text = self.encode_prompts(prompts)
         shape = (len(prompts), *self.sample_shape)

@@ -1,9 +1,11 @@
 """The ``dreambooth_diffusion`` trainer: DreamBooth fine-tuning (Ruiz et al., 2022).
 
-It is a :class:`~hookloop.trainer.Trainer` with two additions only: it builds the
-instance/class dataset and generates the missing class samples with the frozen model
-before the run, and it sets the two-term loss. Stepping, mixed precision, checkpoints,
-logging and the final pipeline directory are hooks.
+It is a :class:`~hookloop.trainer.Trainer` that builds the instance/class dataset,
+generates the missing class samples with the frozen model before the run, sets the
+two-term loss, and turns DreamBooth's options (LoRA, text-encoder training, validation
+images, memory options) into model arguments, optimizer groups and stock hook settings.
+Stepping, mixed precision, checkpoints, logging, validation and the final pipeline
+directory are hooks.
 """
 import inspect
 import os
@@ -16,10 +18,16 @@ from ..builder import build_dataset, build_model
 from ..data import mix_seed, seed_everything
 from ..dist import is_distributed
 from ..errors import ConfigError
-from ..registry import MODELS, TRAINERS, check_call_arguments
+from ..registry import MODELS, OPTIMIZERS, TRAINERS, check_call_arguments
 from ..trainer import Trainer
 from .dataset import DreamBoothDataset, collate_dreambooth, list_samples
 from .loss import PriorPreservationLoss
+from .validation import ValidationCollate, ValidationPrompts, check_validation
+
+# Arguments of the diffusers back-end that the trainer takes too (the names of diffusers' scripts).
+_MODEL_OPTIONS = dict(lora=None, train_text_encoder=False, tokenizer_max_length=None, snr_gamma=None,
+                      noise_offset=0.0, gradient_checkpointing=False)
+_DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}
 
 _TRAINER_ARGS = [name for name in inspect.signature(Trainer.__init__).parameters if name != 'self']
 
@@ -83,6 +91,55 @@ def _instance_samples(instance_data_dir, instance_data):
     return list(instance_data)
 
 
+def _with_model_options(model, options):
+    """Put the back-end options given to the trainer into the model config."""
+    given = {k: v for k, v in options.items() if v != _MODEL_OPTIONS[k]}
+    if not given:
+        return model
+    if not isinstance(model, Mapping):
+        raise ConfigError(f'dreambooth_diffusion {sorted(given)} configure the diffusers back-end: give the model '
+                          f'as a pipeline directory or a config dict, not a built {type(model).__name__} '
+                          '(or pass them to its constructor)')
+    if model.get('type') != 'DiffusersDreamBooth':
+        raise ConfigError(f'dreambooth_diffusion {sorted(given)} need the diffusers back-end (a pipeline '
+                          f'directory or dict(type="DiffusersDreamBooth", ...)), not {model.get("type")!r}')
+    clash = sorted(set(given) & set(model))
+    if clash:
+        raise ConfigError(f'dreambooth_diffusion {clash} given both to the trainer and in the model config')
+    return {**model, **given}
+
+
+def _optimizer_with_groups(optimizer, model, text_encoder_lr, use_8bit_adam):
+    """The optimizer over the trainable parameters: the text encoder's in their own group
+    at ``text_encoder_lr``; ``bitsandbytes.optim.AdamW8bit`` with ``use_8bit_adam``."""
+    cfg = dict(optimizer)
+    kind = cfg.pop('type', 'AdamW')
+    text = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith('text_encoder.')]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith('text_encoder.')]
+    if text_encoder_lr is not None and not text:
+        raise ConfigError('dreambooth_diffusion text_encoder_lr is set but the text encoder does not train '
+                          '(set train_text_encoder=True or lora=dict(..., text_encoder=True))')
+    groups = [{'params': rest}] + ([{'params': text, 'lr': text_encoder_lr}] if text and text_encoder_lr else [])
+    if len(groups) == 1 and text:
+        groups[0]['params'] = rest + text
+    if use_8bit_adam:
+        try:
+            import bitsandbytes
+        except ImportError as exc:
+            raise ConfigError(f'dreambooth_diffusion use_8bit_adam=True needs bitsandbytes, which cannot be '
+                              f'imported here ({exc}); pip install bitsandbytes, or set use_8bit_adam=False') from None
+        if kind not in ('AdamW', 'Adam'):
+            raise ConfigError(f'dreambooth_diffusion use_8bit_adam=True replaces AdamW; optimizer type is {kind!r}')
+        return bitsandbytes.optim.AdamW8bit(groups, **cfg)
+    return OPTIMIZERS.build(dict(type=kind, **cfg), params=groups)
+
+
+def _cumulative_iters(optimizer_config):
+    if isinstance(optimizer_config, Mapping):
+        return int(optimizer_config.get('cumulative_iters', 1))
+    return int(getattr(optimizer_config, 'cumulative_iters', 1) or 1)
+
+
 def _nonempty_prompt(name, value):
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f'dreambooth_diffusion {name} must be a non-empty string, got {value!r}')
@@ -110,18 +167,39 @@ class DreamBoothDiffusionTrainer(Trainer):
             multiple of the VAE down-sampling factor. Default: the model's native size.
         sample_batch_size: prompts per generation call when making class samples.
         pipeline_dir: where the fine-tuned pipeline is saved at the end (relative to the
-            work dir; None saves none).
+            work dir; None saves none). With LoRA it holds the adapter weights only.
+        lora, train_text_encoder, tokenizer_max_length, snr_gamma, noise_offset,
+            gradient_checkpointing: passed to the diffusers back-end (see
+            :class:`~hookloop.dreambooth.DiffusersDreamBooth`).
+        text_encoder_lr: the text encoder's learning rate when it trains (default: the
+            optimizer's ``lr``).
+        validation: ``dict(prompts=[...], every_n_iters=100, num_images=2,
+            num_inference_steps=25, guidance_scale=7.5, seed=0)``: images every K iterations
+            and at the end, under ``<work_dir>/validation/iter_<n>/`` and in the loggers.
+        center_crop, random_flip: image augmentation as in diffusers' script (random crop
+            by default).
+        max_grad_norm: gradient clipping (diffusers' default 1.0; None: none), as the
+            optimizer hook's ``grad_clip`` unless ``optimizer_config`` sets one.
+        scale_lr: multiply the learning rates by batch size x accumulation x world size.
+        pre_compute_text_embeddings: encode the instance and class prompts once and free
+            the text encoder.
+        use_8bit_adam: use ``bitsandbytes.optim.AdamW8bit``.
         train_dataloader: loader options such as ``dict(batch_size=2, num_workers=2)``; the
             dataset and collate function are the trainer's (default ``batch_size=1, shuffle=True``).
         **kwargs: every other :class:`~hookloop.trainer.Trainer` argument (``optimizer``,
             ``max_iters``, ``optimizer_config=dict(precision='fp16')``, ``checkpoint_config``,
             ``resume_from``, ...). ``loss_fn`` is the trainer's own and may not be given.
+            ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved).
+            ``optimizer_config=dict(precision='fp16'|'bf16')`` also casts the frozen weights.
     """
 
     def __init__(self, model, instance_prompt=None, instance_data_dir=None, instance_data=None,
                  class_prompt=None, with_prior_preservation=False, prior_loss_weight=1.0,
                  num_class_images=100, class_data_dir=None, resolution=None, sample_batch_size=4,
-                 pipeline_dir='pipeline', train_dataloader=None, **kwargs):
+                 pipeline_dir='pipeline', train_dataloader=None, lora=None, train_text_encoder=False,
+                 text_encoder_lr=None, validation=None, center_crop=False, random_flip=False,
+                 tokenizer_max_length=None, snr_gamma=None, noise_offset=0.0, max_grad_norm=1.0, scale_lr=False,
+                 gradient_checkpointing=False, pre_compute_text_embeddings=False, use_8bit_adam=False, **kwargs):
         if any(key not in _TRAINER_ARGS for key in kwargs):  # a clear error naming the argument
             check_call_arguments(Trainer.__init__, {'model': model, **kwargs}, what='dreambooth_diffusion')
         if 'loss_fn' in kwargs:
@@ -148,7 +226,19 @@ class DreamBoothDiffusionTrainer(Trainer):
         if isinstance(sample_batch_size, bool) or not isinstance(sample_batch_size, int) or sample_batch_size < 1:
             raise ConfigError(f'dreambooth_diffusion sample_batch_size must be a positive int, '
                               f'got {sample_batch_size!r}')
-        model = _model_config(model)
+        if validation is not None:
+            validation = check_validation(validation)
+            taken = sorted(k for k in ('val_dataloader', 'val_evaluator', 'evaluation') if kwargs.get(k) is not None)
+            if taken:
+                raise ConfigError(f'dreambooth_diffusion validation= runs its own validation loop; do not also '
+                                  f'give {taken}')
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float))
+                                          or max_grad_norm <= 0):
+            raise ConfigError(f'dreambooth_diffusion max_grad_norm must be None or a positive number, '
+                              f'got {max_grad_norm!r}')
+        model = _with_model_options(_model_config(model), dict(
+            lora=lora, train_text_encoder=train_text_encoder, tokenizer_max_length=tokenizer_max_length,
+            snr_gamma=snr_gamma, noise_offset=noise_offset, gradient_checkpointing=gradient_checkpointing))
         _check_resolution(resolution, _static_scale_factor(model))
 
         seed = kwargs.get('seed')
@@ -177,7 +267,8 @@ class DreamBoothDiffusionTrainer(Trainer):
         self.resolution, self.sample_batch_size = resolution, sample_batch_size
         self.dreambooth_dataset = DreamBoothDataset(
             instance_samples, instance_prompt, self.class_data_dir, class_prompt, self.num_class_images,
-            resolution, getattr(model, 'sample_channels', 3))
+            resolution, getattr(model, 'sample_channels', 3), center_crop=center_crop, random_flip=random_flip)
+        self._prepare_model(model, kwargs, pre_compute_text_embeddings)
 
         loader = dict(batch_size=1, shuffle=True)
         if train_dataloader is not None:
@@ -192,8 +283,52 @@ class DreamBoothDiffusionTrainer(Trainer):
         custom_hooks = [custom_hooks] if isinstance(custom_hooks, Mapping) else list(custom_hooks or [])
         if pipeline_dir is not None:
             custom_hooks.append(dict(type='SavePipelineHook', out_dir=pipeline_dir))
+        if validation is not None:
+            kwargs['val_dataloader'] = dict(
+                dataset=ValidationPrompts(validation['prompts'], validation['num_images'], validation['seed']),
+                batch_size=validation['num_images'], shuffle=False,
+                collate_fn=ValidationCollate(validation['num_inference_steps'], validation['guidance_scale']))
+            kwargs['evaluation'] = dict(interval=validation['every_n_iters'], by_epoch=False)
+            custom_hooks.append(dict(type='ValidationImagesHook', prompts=validation['prompts']))
+        optimizer_config = kwargs.get('optimizer_config')
+        if max_grad_norm is not None and (optimizer_config is None or isinstance(optimizer_config, Mapping)):
+            optimizer_config = dict(optimizer_config or {})
+            if optimizer_config.get('type') in (None, 'OptimizerHook', 'GradientCumulativeOptimizerHook',
+                                                'Fp16OptimizerHook'):
+                optimizer_config.setdefault('grad_clip', dict(max_norm=max_grad_norm))
+            kwargs['optimizer_config'] = optimizer_config
+        if isinstance(kwargs.get('checkpoint_config'), Mapping):
+            kwargs['checkpoint_config'] = {'save_frozen': False, **kwargs['checkpoint_config']}
+        optimizer = kwargs.get('optimizer')
+        if scale_lr and not isinstance(optimizer, Mapping):
+            raise ConfigError('dreambooth_diffusion scale_lr=True needs optimizer as a config dict with an lr')
+        if isinstance(optimizer, Mapping) and scale_lr:
+            optimizer = dict(optimizer)
+            factor = loader['batch_size'] * _cumulative_iters(kwargs.get('optimizer_config')) * \
+                int(os.environ.get('WORLD_SIZE', 1))
+            optimizer['lr'] = optimizer['lr'] * factor
+            text_encoder_lr = text_encoder_lr * factor if text_encoder_lr else None
+        if isinstance(optimizer, Mapping) and (text_encoder_lr is not None or use_8bit_adam):
+            optimizer = _optimizer_with_groups(optimizer, model, text_encoder_lr, use_8bit_adam)
+        elif use_8bit_adam:
+            raise ConfigError('dreambooth_diffusion use_8bit_adam=True needs optimizer as a config dict')
+        if optimizer is not None:
+            kwargs['optimizer'] = optimizer
         super().__init__(model, train_dataloader=loader, custom_hooks=custom_hooks,
                          loss_fn=PriorPreservationLoss(prior_loss_weight, with_prior_preservation), **kwargs)
+
+    def _prepare_model(self, model, kwargs, pre_compute_text_embeddings):
+        """Memory options that change the built model: frozen weights in the training
+        precision, prompt embeddings computed once with the text encoder freed."""
+        optimizer_config = kwargs.get('optimizer_config')
+        precision = optimizer_config.get('precision') if isinstance(optimizer_config, Mapping) else None
+        if precision in _DTYPES and hasattr(model, 'cast_frozen'):
+            model.cast_frozen(_DTYPES[precision])
+        if pre_compute_text_embeddings:
+            if not hasattr(model, 'precompute_prompt_embeddings'):
+                raise ConfigError('dreambooth_diffusion pre_compute_text_embeddings=True needs the diffusers back-end')
+            prompts = [self.instance_prompt] + ([self.class_prompt] if self.with_prior_preservation else [])
+            model.precompute_prompt_embeddings(prompts)
 
     def train(self):
         """Generate the missing class samples, then train as any Trainer does."""
@@ -205,33 +340,40 @@ class DreamBoothDiffusionTrainer(Trainer):
         """Fill ``class_data_dir`` up to ``num_class_images`` samples drawn from the frozen
         model with the class prompt. Existing samples are reused; the global RNG is not
         touched (each batch has its own generator seeded from the run's seed and the
-        sample index), so generating or reusing leaves training unchanged."""
+        sample index), so generating or reusing leaves training unchanged. Under torchrun
+        the batches are split across ranks (batch b on rank b mod world size), each rank
+        writes its own, and all wait for the last."""
         if not self.with_prior_preservation:
             return
         if self.rank == 0:
             os.makedirs(self.class_data_dir, exist_ok=True)
-            existing = list_samples(self.class_data_dir)
-            missing = self.num_class_images - len(existing)
-            if missing <= 0:
-                self.logger.info('reusing %d class samples in %s', len(existing), self.class_data_dir)
-            else:
-                self.logger.info('generating %d class samples for %r in %s', missing, self.class_prompt,
-                                 self.class_data_dir)
-                was_training = self.model.training
-                self.model.eval()
-                taken = {os.path.splitext(os.path.basename(p))[0] for p in existing}
-                index = 0
-                for start in range(0, missing, self.sample_batch_size):
-                    count = min(self.sample_batch_size, missing - start)
-                    generator = torch.Generator().manual_seed(mix_seed(self.seed, len(existing) + start))
-                    samples = self.model.generate([self.class_prompt] * count, generator=generator,
-                                                 resolution=self.resolution)
-                    for sample in samples:
-                        while f'class_{index:05d}' in taken:
-                            index += 1
-                        taken.add(f'class_{index:05d}')
-                        self.model.save_sample(sample, os.path.join(self.class_data_dir, f'class_{index:05d}'))
-                self.model.train(was_training)
+        if is_distributed():
+            torch.distributed.barrier()  # the directory exists, and every rank lists the same files
+        existing = list_samples(self.class_data_dir)
+        missing = self.num_class_images - len(existing)
+        if missing <= 0:
+            self.logger.info('reusing %d class samples in %s', len(existing), self.class_data_dir)
+        else:
+            self.logger.info('generating %d class samples for %r in %s (%d ranks)', missing, self.class_prompt,
+                             self.class_data_dir, self.world_size)
+            taken = {os.path.splitext(os.path.basename(p))[0] for p in existing}
+            names, index = [], 0
+            while len(names) < missing:  # the free names, the same on every rank
+                if f'class_{index:05d}' not in taken:
+                    names.append(f'class_{index:05d}')
+                index += 1
+            was_training = self.model.training
+            self.model.eval()
+            for batch, start in enumerate(range(0, missing, self.sample_batch_size)):
+                if batch % self.world_size != self.rank:
+                    continue
+                count = min(self.sample_batch_size, missing - start)
+                generator = torch.Generator().manual_seed(mix_seed(self.seed, len(existing) + start))
+                samples = self.model.generate([self.class_prompt] * count, generator=generator,
+                                             resolution=self.resolution)
+                for name, sample in zip(names[start:start + count], samples):
+                    self.model.save_sample(sample, os.path.join(self.class_data_dir, name))
+            self.model.train(was_training)
         if is_distributed():
             torch.distributed.barrier()
         self.dreambooth_dataset.refresh_class_samples()

@@ -40,6 +40,12 @@ class CheckpointHook(Hook):
             thread while training goes on (same crash-safety; one save in flight; the run waits
             for it at the end; a failed write is raised at the next save or at the end).
             Old checkpoints are removed once the newer one is on disk.
+        save_frozen: False saves only the trained weights (parameters with ``requires_grad``,
+            the buffers of their modules and of modules in training mode) plus a fingerprint
+            of the frozen rest; a resume
+            takes the frozen rest from the model as built and refuses one whose frozen weights
+            differ (``hookloop.trained_state``). Optimizer, schedule, RNG and hook states are
+            saved as always.
     """
 
     PRIORITY = Priority.NORMAL
@@ -47,7 +53,8 @@ class CheckpointHook(Hook):
     RUNS_AFTER = ('optimizer',)
 
     def __init__(self, interval=-1, by_epoch=True, save_optimizer=True, out_dir=None, max_keep_ckpts=-1,
-                 save_last=True, save_best=None, rule=None, export_safetensors=False, async_save=False):
+                 save_last=True, save_best=None, rule=None, export_safetensors=False, async_save=False,
+                 save_frozen=True):
         if not _is_int(interval) or interval == 0 or interval < -1:
             raise ConfigError(f'CheckpointHook interval must be a positive int or -1, got {interval!r}')
         if not _is_int(max_keep_ckpts) or max_keep_ckpts == 0 or max_keep_ckpts < -1:
@@ -60,6 +67,9 @@ class CheckpointHook(Hook):
                               f'got {export_safetensors!r}')
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
+        if not isinstance(save_frozen, bool):
+            raise ConfigError(f'CheckpointHook save_frozen must be True or False, got {save_frozen!r}')
+        self.save_frozen = save_frozen
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
         if not isinstance(async_save, bool):
             raise ConfigError(f'CheckpointHook async_save must be True or False, got {async_save!r}')
@@ -104,7 +114,7 @@ class CheckpointHook(Hook):
             self._remove_old(trainer)
         # build_checkpoint returns the dict every hook has added its entries to
         # (``ema_state_dict``), which the safetensors export reads.
-        checkpoint = trainer.build_checkpoint(save_optimizer=self.save_optimizer)
+        checkpoint = trainer.build_checkpoint(save_optimizer=self.save_optimizer, save_frozen=self.save_frozen)
         trainer.write_checkpoint(checkpoint, path, update_last=update_last, asynchronous=self.async_save)
         if self.export is not None and trainer.rank == 0:
             key = 'state_dict' if self.export == 'model' else 'ema_state_dict'

@@ -84,6 +84,10 @@ class LoggerHook(Hook):
     record)`` and ``close(trainer)`` (rank 0, on every exit path). A ``record`` is a dict
     with ``mode`` ('train' or 'val'), ``epoch`` (1-based), ``iter`` (the step), for
     'train' ``inner_iter`` when ``by_epoch``, then the metrics as floats.
+
+    Images come through :func:`hookloop.images.publish_images`, which calls
+    ``write_images``; a subclass with an image API implements ``log_images(trainer, tag,
+    images, step)`` (``images``: a list of ``(H, W, 3)`` uint8 arrays).
     """
 
     PRIORITY = Priority.VERY_LOW
@@ -172,8 +176,16 @@ class LoggerHook(Hook):
         return {k: v for k, v in record.items() if k not in ('mode', 'epoch', 'iter', 'inner_iter')
                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
+    def write_images(self, trainer, tag, images, step):
+        """The image channel's entry (see :mod:`hookloop.images`): rank 0, while open."""
+        if self._opened:
+            self.log_images(trainer, tag, images, step)
+
     # -- the destination ------------------------------------------------------------------
     def open(self, trainer):
+        pass
+
+    def log_images(self, trainer, tag, images, step):
         pass
 
     def log(self, trainer, record):

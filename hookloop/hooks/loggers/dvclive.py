@@ -47,6 +47,10 @@ class DvcliveLoggerHook(LoggerHook):
             self.live.log_metric(f'{record["mode"]}/{key}', value)
         self.live.make_summary()
 
+    def log_images(self, trainer, tag, images, step):
+        for index, image in enumerate(images):  # under <dir>/plots/images/
+            self.live.log_image(f'{tag}/iter_{step}/{index}.png', image)
+
     def close(self, trainer):
         try:
             if self.model_file and trainer.exception is None:

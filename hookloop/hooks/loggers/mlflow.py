@@ -1,9 +1,15 @@
 """MlflowLoggerHook: metrics, params and tags of an MLflow run."""
 import os
+import re
 from pathlib import Path
 
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir, flatten, require
+
+
+def _mlflow_key(tag):
+    """MLflow keys allow letters, digits, ``_-. /`` only."""
+    return re.sub(r'[^A-Za-z0-9_\-. /]', '_', tag)
 
 
 @HOOKS.register_module()
@@ -59,6 +65,10 @@ class MlflowLoggerHook(LoggerHook):
     def log(self, trainer, record):
         metrics = {f'{record["mode"]}/{k}': v for k, v in self.metrics_of(record).items()}
         self.mlflow.log_metrics(metrics, step=record['iter'])
+
+    def log_images(self, trainer, tag, images, step):
+        for index, image in enumerate(images):  # keyed images: MLflow's step slider
+            self.mlflow.log_image(image, key=f'{_mlflow_key(tag)}_{index}', step=step, synchronous=True)
 
     def close(self, trainer):
         try:

@@ -30,6 +30,11 @@ class NeptuneLoggerHook(LoggerHook):
         for key, value in self.metrics_of(record).items():
             self.run[f'{record["mode"]}/{key}'].append(value, step=record['iter'])
 
+    def log_images(self, trainer, tag, images, step):
+        from neptune.types import File
+        for index, image in enumerate(images):
+            self.run[f'{tag}/{index}'].append(File.as_image(image.astype('float32') / 255.0), step=step)
+
     def close(self, trainer):
         if trainer.exception is not None:
             self.run['sys/failed'] = True

@@ -35,5 +35,9 @@ class TensorboardLoggerHook(LoggerHook):
         for key, value in self.metrics_of(record).items():
             self.writer.add_scalar(f'{record["mode"]}/{key}', value, record['iter'])
 
+    def log_images(self, trainer, tag, images, step):
+        for index, image in enumerate(images):
+            self.writer.add_image(f'{tag}/{index}', image, step, dataformats='HWC')
+
     def close(self, trainer):
         self.writer.close()

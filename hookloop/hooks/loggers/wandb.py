@@ -45,6 +45,9 @@ class WandbLoggerHook(LoggerHook):
         # step; wandb commits it when a later step arrives (or at finish).
         self.run.log(metrics, step=record['iter'], commit=False)
 
+    def log_images(self, trainer, tag, images, step):
+        self.run.log({tag: [self.wandb.Image(image) for image in images]}, step=step, commit=False)
+
     def close(self, trainer):
         try:
             if self.log_artifact and trainer.exception is None:
