@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import struct
+import time
 import sys
 
 import pytest
@@ -121,6 +122,18 @@ class FailAt(Hook):
             raise RuntimeError(f'boom at {self.at}')
 
 
+def complete_wandb_records(path, timeout=60):
+    """The records of a finished run's ``.wandb`` file. ``run.finish()`` hands the records to
+    wandb's service process, which writes the file on its own schedule (under load, after
+    ``finish`` returned): wait for the ``exit`` record that closes the run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_wandb_records(path)
+        if any(r.WhichOneof('record_type') == 'exit' for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def read_wandb_records(path):
     """The protobuf records of a ``.wandb`` file (a LevelDB-style log: 7-byte file header,
     32 KiB blocks, each chunk ``crc32 u32, length u16, type u8``)."""
@@ -156,7 +169,7 @@ def test_wandb_offline_run_holds_history_and_config(tmp_path, monkeypatch):
     run_files = glob.glob(str(tmp_path / 'wandb' / 'offline-run-*' / 'run-*.wandb'))
     assert len(run_files) == 1, os.listdir(tmp_path)
     found, config, artifacts = {}, {}, []
-    for record in read_wandb_records(run_files[0]):
+    for record in complete_wandb_records(run_files[0]):
         kind = record.WhichOneof('record_type')
         if kind == 'artifact':
             artifacts.append(record.artifact)
