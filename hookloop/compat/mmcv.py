@@ -60,8 +60,8 @@ class _MMCVTrainer(Trainer):
 
     runner_meta = None
 
-    def state_dict(self, save_optimizer=True):
-        checkpoint = super().state_dict(save_optimizer)
+    def state_dict(self, save_optimizer=True, save_frozen=True):
+        checkpoint = super().state_dict(save_optimizer, save_frozen)
         for key, value in plain(self.runner_meta or {}).items():
             checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
         return checkpoint
