@@ -3,7 +3,9 @@
 A checkpoint is a dict of tensors and plain containers, so
 ``torch.load(weights_only=True)`` reads it and a stranger's file runs no code.
 """
+import errno
 import glob
+import hashlib
 import os
 import pickle
 import shutil
@@ -18,6 +20,7 @@ from .errors import CheckpointError
 
 POINTER_NAME = 'last_checkpoint'
 TMP_SUFFIX = '.tmp'
+CHECKSUM_SUFFIX = '.sha256'
 
 
 def _fsync_dir(directory):
@@ -31,60 +34,196 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
-def atomic_write(path, write):
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to
-    ``path``. On any error the temporary file is removed and ``path`` is untouched."""
+def _umask():
+    # The only portable way to read the umask is to set it; put it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _reason(exc):
+    """The OS's words for an I/O error ("No space left on device"), else the message."""
+    return getattr(exc, 'strerror', None) or str(exc).strip().splitlines()[0]
+
+
+# -- the save path, one step per function (the async saver reuses them) -------------------
+
+def write_temporary(path, write):
+    """Call ``write(file)`` on a new temporary file beside ``path``, flush and fsync it;
+    return the temporary's path. The file gets the permissions ``open()`` would give
+    (``0o666`` less the umask), not ``mkstemp``'s private 0600. On error it is removed."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=TMP_SUFFIX, dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, 'wb') as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
+    except BaseException:
+        discard(tmp_path)
+        raise
+    return tmp_path
+
+
+def discard(tmp_path):
+    try:
+        os.unlink(tmp_path)
+    except OSError:
+        pass
+
+
+def file_checksum(path, chunk=1 << 22):
+    """SHA-256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(chunk), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksum_path(path):
+    return path + CHECKSUM_SUFFIX
+
+
+def write_checksum(path, digest):
+    """``<path>.sha256`` in ``sha256sum`` format (``sha256sum -c`` checks it), atomically.
+
+    Written *before* the checkpoint is renamed into place: a kill between the two leaves
+    a checksum for a file that is not there yet, never a checkpoint without its checksum."""
+    line = f'{digest}  {os.path.basename(path)}\n'.encode()
+    commit(write_temporary(checksum_path(path), lambda f: f.write(line)), checksum_path(path))
+
+
+def commit(tmp_path, path):
+    """Rename the finished temporary over ``path`` (atomic on POSIX) and fsync the directory."""
+    try:
         os.replace(tmp_path, path)
     except BaseException:
-        try:
-            os.unlink(tmp_path)
-        except OSError:
-            pass
+        discard(tmp_path)
         raise
-    _fsync_dir(directory)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def remove_checkpoint(path):
-    """Delete a checkpoint: a file, or an FSDP checkpoint directory of shards."""
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    else:
-        os.remove(path)
+def atomic_write(path, write):
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to
+    ``path``. On any error the temporary file is removed and ``path`` is untouched."""
+    commit(write_temporary(path, write), path)
 
 
 def save_checkpoint(checkpoint, path):
-    """Write ``checkpoint`` to ``path`` atomically; CheckpointError on I/O failure."""
+    """Write ``checkpoint`` to ``path``: temporary file, fsync, checksum sidecar, rename.
+    CheckpointError on I/O failure (the previous file at ``path`` is kept)."""
     try:
-        atomic_write(path, lambda f: torch.save(checkpoint, f))
+        tmp_path = write_temporary(path, lambda f: torch.save(checkpoint, f))
+        try:
+            write_checksum(path, file_checksum(tmp_path))
+        except BaseException:
+            discard(tmp_path)
+            raise
+        commit(tmp_path, path)
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
-        raise CheckpointError(f'could not write checkpoint {path}: {getattr(exc, "strerror", None) or exc}; '
+        reason = _reason(exc)
+        if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):
+            reason = os.strerror(errno.ENOSPC)
+        raise CheckpointError(f'could not write checkpoint {path}: {reason}; '
                               'the previous checkpoint is kept') from exc
+
+
+def _disk_full(path):
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return stats.f_bavail == 0
+
+
+def remove_checkpoint(path):
+    """Delete a checkpoint (a file, or an FSDP directory of shards) and its checksum."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+    if os.path.exists(checksum_path(path)):
+        os.remove(checksum_path(path))
+
+
+def verify_checksum(path):
+    """Compare ``path`` with its ``.sha256`` sidecar. Returns False when there is no sidecar
+    (a file hookloop did not write, e.g. a plain ``torch.save``); CheckpointError on a mismatch."""
+    sidecar = checksum_path(path)
+    if not os.path.isfile(sidecar):
+        return False
+    try:
+        with open(sidecar, 'rb') as f:
+            expected = f.read().split()[0].decode('ascii')
+    except (OSError, IndexError, UnicodeDecodeError):
+        raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
+    if file_checksum(path) != expected:
+        raise CheckpointError(f'{path!r} is damaged: its SHA-256 does not match {os.path.basename(sidecar)} '
+                              '(changed or corrupted after it was written)')
+    return True
+
+
+# -- the pointer to the latest checkpoint ---------------------------------------------------
+
+def inside(path, directory):
+    """True when ``path`` (resolving symlinks) lies inside ``directory``."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def update_pointer(work_dir, checkpoint_path):
     """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically).
 
-    Called only after the checkpoint itself is renamed into place, so the pointer
-    always names a complete file."""
+    A checkpoint inside the work dir is stored relative to it, so a copied or moved work
+    dir names its own files; only a checkpoint hook's explicit outside ``out_dir`` is
+    stored as an absolute path. Called only after the checkpoint itself is renamed into
+    place, so the pointer always names a complete file."""
+    pointer = os.path.join(work_dir, POINTER_NAME)
     target = os.path.abspath(checkpoint_path)
+    if inside(target, work_dir):
+        target = os.path.relpath(os.path.realpath(target), os.path.realpath(work_dir))
     try:
-        atomic_write(os.path.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
+        atomic_write(pointer, lambda f: f.write(target.encode()))
     except OSError as exc:
-        raise CheckpointError(f'could not update {os.path.join(work_dir, POINTER_NAME)}: '
-                              f'{getattr(exc, "strerror", None) or exc}; it still names the previous checkpoint') from exc
+        raise CheckpointError(f'could not update {pointer}: {_reason(exc)}; '
+                              'it still names the previous checkpoint') from exc
+
+
+def read_pointer(work_dir, also_inside=()):
+    """The checkpoint path the pointer names (absolute), or None when there is no pointer.
+
+    CheckpointError when the pointer is damaged (not a file, not UTF-8, empty) or names a
+    path outside the work dir (and outside the directories ``also_inside``, a checkpoint
+    hook's own ``out_dir``): a pointer never leads a run into another run's files."""
+    work_dir = os.fspath(work_dir)
+    pointer = os.path.join(work_dir, POINTER_NAME)
+    if not os.path.lexists(pointer):
+        return None
+    try:
+        with open(pointer, 'rb') as f:
+            raw = f.read(4097)
+        text = raw.decode('utf-8').strip()
+    except IsADirectoryError:
+        raise CheckpointError(f'{pointer} is a directory, not a pointer file') from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f'{pointer} is damaged: not UTF-8 text') from None
+    except OSError as exc:
+        raise CheckpointError(f'cannot read {pointer}: {_reason(exc)}') from None
+    if not text or '\n' in text or '\0' in text or len(raw) > 4096:
+        raise CheckpointError(f'{pointer} is damaged: it should hold one checkpoint path')
+    path = os.path.normpath(os.path.join(os.path.abspath(work_dir), text))
+    if not any(inside(path, d) for d in (work_dir, *also_inside)):
+        raise CheckpointError(f'{pointer} names {text!r}, outside the work dir {work_dir!r}; refusing to follow '
+                              'it into another run (resume from that file explicitly with resume_from=PATH)')
+    return path
 
 
 def remove_stale_temporaries(directory):
     """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
 
-    Only rank 0 of the run that owns ``directory`` should call this, before it saves."""
+    Only rank 0 of the run that owns ``directory`` (it holds the work dir's lock) calls this."""
     removed = []
     for path in glob.glob(os.path.join(glob.escape(directory), '.*' + TMP_SUFFIX)):
         try:
@@ -111,33 +250,31 @@ def save_safetensors(state_dict, path):
         raise CheckpointError(f'could not write {path}: {getattr(exc, "strerror", None) or exc}') from exc
 
 
-def read_pointer(work_dir):
-    """The checkpoint path the pointer names, or None when there is no pointer."""
-    pointer = os.path.join(work_dir, POINTER_NAME)
-    if not os.path.exists(pointer):
-        return None
-    with open(pointer, encoding='utf-8') as f:
-        path = f.read().strip()
-    if not os.path.isabs(path):
-        path = os.path.join(work_dir, path)
-    return path
+def load_checkpoint(path, map_location='cpu', verify=True):
+    """Load a checkpoint with ``weights_only=True``; anything else is a CheckpointError.
 
-
-def load_checkpoint(path, map_location='cpu'):
-    """Load a checkpoint with ``weights_only=True``; anything else is a CheckpointError."""
+    With ``verify`` the file is first compared with its ``.sha256`` sidecar when it has one."""
     if not os.path.exists(path):
         raise CheckpointError(f'checkpoint {path!r} does not exist')
     if os.path.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
+    if os.path.getsize(path) == 0:
+        raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): not a checkpoint')
+    if verify:
+        verify_checksum(path)
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r'GLOBAL (\S+)', str(exc))
-        what = f' (it references {found.group(1)})' if found else ''
+        if found is None:  # random bytes, not a pickle that asks for code
+            raise CheckpointError(f'{path!r} is not a checkpoint (it cannot be unpickled)') from None
         raise CheckpointError(f'refusing to load {path!r}: it holds objects that would need arbitrary code to '
-                              f'unpickle{what}; hookloop loads checkpoints with weights_only=True only') from None
+                              f'unpickle (it references {found.group(1)}); hookloop loads checkpoints with '
+                              'weights_only=True only') from None
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
-        raise CheckpointError(f'{path!r} is not a readable checkpoint: {str(exc).splitlines()[0]}') from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f'{path!r} is not a readable checkpoint (truncated or not a checkpoint): '
+                              f'{first}') from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f'{path!r} is not a hookloop checkpoint (got {type(checkpoint).__name__})')
     return checkpoint

@@ -4,8 +4,13 @@ Under ``strategy='fsdp'`` a checkpoint path names a *directory*:
 
 * the model and optimizer tensors, each rank writing its own shards, via
   ``torch.distributed.checkpoint`` (``*.distcp`` files plus ``.metadata``);
+* ``shards.sha256``: the SHA-256 of every shard file and of ``.metadata`` (``sha256sum``
+  format), written by rank 0 once all shards are on disk;
 * ``hookloop.pth``: everything else (counters, hook states, RNG, config), written by
   rank 0 alone with the ordinary atomic writer and read back with ``weights_only``.
+
+Loading verifies the checksums first and reads ``.metadata`` with a restricted unpickler
+(``dcp_metadata.py``), so a rigged directory runs no code.
 
 Resuming needs the same model and a process group (any world size DCP can reshard to).
 """
@@ -13,10 +18,12 @@ import os
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import atomic_write, file_checksum, load_checkpoint, save_checkpoint
+from .dcp_metadata import METADATA_FILE, read_dcp_metadata, safe_reader
 from .errors import CheckpointError, ConfigError
 
 META_FILE = 'hookloop.pth'
+SHARD_CHECKSUMS = 'shards.sha256'
 
 
 def fsdp2_available():
@@ -79,6 +86,7 @@ def save_sharded(checkpoint, path, model, optimizer, rank):
     states = _tensor_states(model, optimizer if 'optimizer' in checkpoint else None)
     dcp.save(states, checkpoint_id=path)
     if rank == 0:
+        write_shard_checksums(path)
         # Written last: its presence marks the directory as a complete checkpoint.
         rest = {k: v for k, v in checkpoint.items() if k not in ('state_dict', 'optimizer')}
         rest['sharded'] = sorted(states)
@@ -91,15 +99,49 @@ def load_sharded(path, model, optimizer):
     the checkpoint (``meta``, ``hooks``, ``rng``, ...)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    if not is_sharded_checkpoint(path):
-        raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
-    rest = load_checkpoint(os.path.join(path, META_FILE))
+    rest = verify_sharded(path)
     with_optimizer = optimizer is not None and 'optimizer' in rest.get('sharded', ())
     states = _tensor_states(model, optimizer if with_optimizer else None)
-    dcp.load(states, checkpoint_id=path)
+    dcp.load(states, storage_reader=safe_reader(path))
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=states['model'], optim_state_dict=states['optimizer'])
     else:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
         set_model_state_dict(model, states['model'])
     return rest
+
+
+def _shard_files(path):
+    return sorted(name for name in os.listdir(path) if name.endswith('.distcp') or name == METADATA_FILE)
+
+
+def write_shard_checksums(path):
+    """``<path>/shards.sha256``: the checksum of every file DCP wrote (rank 0, after the shards)."""
+    lines = ''.join(f'{file_checksum(os.path.join(path, name))}  {name}\n' for name in _shard_files(path))
+    atomic_write(os.path.join(path, SHARD_CHECKSUMS), lambda f: f.write(lines.encode()))
+
+
+def verify_sharded(path):
+    """Check a sharded checkpoint directory without running anything from it: the shard
+    checksums, ``.metadata`` through the restricted unpickler, ``hookloop.pth`` with
+    ``weights_only``. Returns ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
+    if not is_sharded_checkpoint(path):
+        raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
+    manifest = os.path.join(path, SHARD_CHECKSUMS)
+    if os.path.isfile(manifest):
+        try:
+            with open(manifest, encoding='ascii') as f:
+                expected = dict(reversed(line.split(None, 1)) for line in f.read().splitlines() if line.strip())
+        except (OSError, UnicodeDecodeError, ValueError):
+            raise CheckpointError(f'{manifest!r} is damaged') from None
+        expected = {name.strip(): digest for name, digest in expected.items()}
+        for name in sorted(set(expected) | set(_shard_files(path))):
+            file = os.path.join(path, name)
+            if name not in expected:
+                raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
+            if not os.path.isfile(file):
+                raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
+            if file_checksum(file) != expected[name]:
+                raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
+    read_dcp_metadata(path)
+    return load_checkpoint(os.path.join(path, META_FILE))

@@ -16,7 +16,7 @@ import torch
 
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
-from .checkpoint import get_rng_state, load_checkpoint, read_pointer, save_checkpoint, set_rng_state, update_pointer
+from .checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state, update_pointer
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError
@@ -24,9 +24,11 @@ from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hooks.base import STAGES, Hook
 from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_table
-from .log import close_logger, create_logger
+from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
-from .paths import ensure_writable_dir
+from .paths import check_can_create_dir, ensure_writable_dir
+from .resume_search import find_resumable, load_verified
+from .work_dir_lock import WorkDirLock
 from .model_step import as_outputs, call_model, move_to_device
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
@@ -163,6 +165,8 @@ class Trainer:
         self._dispatch = None
         self._stage = None  # 'after_train_iter' / 'after_train_epoch' while those run (checkpoint_position)
         self._running = False
+        self._lock = WorkDirLock(self.work_dir)
+        self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
@@ -173,9 +177,16 @@ class Trainer:
         if not isinstance(work_dir, (str, os.PathLike)):
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
         work_dir = os.path.abspath(os.fspath(work_dir))
-        if self.rank == 0:
-            ensure_writable_dir(work_dir, 'work_dir')
+        if self.rank == 0:  # created when the run starts, so a failed build leaves nothing behind
+            check_can_create_dir(work_dir, 'work_dir')
         return work_dir
+
+    def _claim_work_dir(self):
+        """Rank 0: create the work dir and take its lock for the whole run (one run per dir)."""
+        if self.rank != 0:
+            return
+        ensure_writable_dir(self.work_dir, 'work_dir')
+        self._lock.acquire()
 
     def _init_progress(self):
         loader = self.train_dataloader
@@ -386,17 +397,26 @@ class Trainer:
         if self.optimizer is None:
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
+        self._claim_work_dir()
+        try:
+            resume_path, resume_checkpoint = self._resume_target()
+        except BaseException:
+            self._lock.release()
+            raise
+        if resume_checkpoint is not None and self._already_complete(resume_checkpoint['meta']):
+            self._lock.release()
+            return self.model
+        start_log_file(self.logger)
         self.logger.info('seed: %d, device: %s, work_dir: %s', self.seed, self.device, self.work_dir)
         self.logger.info('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
-        resume_path = self._resume_path()
-        if self.load_from is not None and resume_path is None:
-            self.load_weights(self.load_from)
         self.exception = self.stop_reason = None
         self._running = True
         try:
+            if self.load_from is not None and resume_path is None:
+                self.load_weights(self.load_from)
             self.call_hook('before_run')
             if resume_path is not None:
-                self._restore(resume_path)
+                self._restore(resume_path, resume_checkpoint)
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
         except BaseException as exc:
@@ -410,8 +430,26 @@ class Trainer:
     def _finish_run(self):
         """``after_run`` on every exit path; on an error path a failing hook is logged,
         not raised, so the original error stays visible."""
+        try:
+            self._after_run()
+        finally:
+            self._lock.release()
+
+    def _after_run(self):
         if self.exception is None:
-            self.call_hook('after_run')
+            # Every hook's after_run runs (loggers close) even when an earlier one fails.
+            failure = None
+            for method in self._dispatch['after_run']:
+                try:
+                    method(self)
+                except BaseException as exc:
+                    if failure is None:
+                        failure = exc
+                    else:
+                        self.logger.error('%s.after_run also failed: %r', getattr(method, '__self__', method), exc)
+            if failure is not None:
+                self.exception = failure
+                raise failure
         else:
             if self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
                 self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
@@ -586,18 +624,41 @@ class Trainer:
                 update_pointer(self.work_dir, path)
         return path
 
-    def _resume_path(self):
-        """The checkpoint ``train()`` continues from, or None for a new run."""
+    def _checkpoint_dirs(self):
+        """Directories other than the work dir where this run's checkpoint hooks save."""
+        dirs = []
+        for hook in self.hooks:
+            out_dir = getattr(hook, 'out_dir', None) if role_of(hook) == 'checkpoint' else None
+            if isinstance(out_dir, (str, os.PathLike)):
+                dirs.append(os.path.join(self.work_dir, out_dir))
+        return dirs
+
+    def _resume_target(self):
+        """``(path, checkpoint)`` this run continues from, or ``(None, None)`` for a new run.
+
+        ``resume_from=PATH``: that checkpoint, verified (a damaged one is one clear error).
+        ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
+        ones are skipped (logged) and left in place."""
         path = self.resume_from
         if path == 'auto' or (path is None and self.auto_resume):
-            path = read_pointer(self.work_dir)
-            if path is None:
-                self.logger.info('no last_checkpoint in %s: starting a new run', self.work_dir)
-                return None
-            if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
-                raise CheckpointError(f'{os.path.join(self.work_dir, "last_checkpoint")} names {path!r}, '
-                                      'which does not exist (moved or deleted?)')
-        return path
+            found = find_resumable(self.work_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
+                                   map_location=self.device)
+            if found is None:
+                self.logger.info('no checkpoint in %s: starting a new run', self.work_dir)
+                return None, None
+            return found
+        if path is None:
+            return None, None
+        return path, load_verified(path, map_location=self.device)
+
+    def _already_complete(self, meta):
+        """True (and says so) when the checkpoint to resume from ends the planned run."""
+        if meta.get('iter', 0) < self.max_iters:
+            return False
+        self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
+                         meta.get('epoch', 0), meta['iter'], 'epochs' if self.by_epoch else 'iters',
+                         self.max_epochs if self.by_epoch else self.max_iters)
+        return True
 
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
@@ -611,12 +672,14 @@ class Trainer:
         self.resume_from, self.load_from = path, None
         return None
 
-    def _restore(self, path):
-        """Restore model, optimizer, counters, hook states and RNG from a checkpoint."""
+    def _restore(self, path, checkpoint=None):
+        """Restore model, optimizer, counters, hook states and RNG from a checkpoint
+        (``checkpoint``: its dict, when the caller has loaded and verified it already)."""
         if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
             checkpoint = load_sharded(path, self.model, self.optimizer)
         else:
-            checkpoint = load_checkpoint(path, map_location=self.device)
+            if checkpoint is None:
+                checkpoint = load_checkpoint(path, map_location=self.device)
             for key in ('meta', 'state_dict'):
                 if key not in checkpoint:
                     raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
@@ -639,6 +702,7 @@ class Trainer:
                 hook.load_state_dict(saved_states[hook.name])
         if 'rng' in checkpoint:
             set_rng_state(checkpoint['rng'])
+        self.resumed_from = os.path.abspath(path)
         self.call_hook('after_load_checkpoint', checkpoint)
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
                          self.inner_iter)
@@ -655,9 +719,10 @@ class Trainer:
         self.logger.info('loaded weights from %s', path)
 
     def close(self):
-        """Release the log files (the trainer cannot log afterwards). The process group
+        """Release the log files and the work dir's lock (the trainer cannot log afterwards). The process group
         stays up for later trainers in this process; it is destroyed at exit (or at once
         when training fails), because re-creating it under torchrun is not reliable."""
+        self._lock.release()
         close_logger(self.logger)
 
 
