@@ -6,7 +6,7 @@ instance and state.
 """
 import os
 
-from .checkpoint import remove_checkpoint
+from .checkpoint import inside, remove_checkpoint
 from .errors import ConfigError
 
 # Substrings of metric names whose larger / smaller value is better (case-insensitive),
@@ -48,8 +48,19 @@ class BestCheckpoint:
                                   "give rule='greater' or rule='less'")
         self.owner, self.save_best, self.rule = owner, save_best, rule
         self.score = None  # a float once an evaluation was seen
-        self.path = None
+        self.path = None         # absolute, once known
+        self._directory = None
+        self._stored_path = None  # from a checkpoint: relative to the directory of the run
         self._seen = None
+
+    def bind(self, directory):
+        """Resolve paths against ``directory`` (the owner's save directory). A stored path
+        that lands outside it (another run's file) is forgotten, never deleted."""
+        self._directory = directory
+        if self._stored_path is not None:
+            path = os.path.normpath(os.path.join(directory, self._stored_path))
+            self.path = path if inside(path, directory) else None
+            self._stored_path = None
 
     def update(self, trainer, directory, filename, write):
         """Look at ``trainer.metrics``; when they are new and better, ``write(path)`` the best
@@ -60,6 +71,7 @@ class BestCheckpoint:
         if not metrics or metrics is self._seen:
             return False
         self._seen = metrics
+        self.bind(directory)
         key = self._key(metrics)
         score = float(metrics[key])
         if self.score is not None and not (score > self.score if self.rule == 'greater' else score < self.score):
@@ -68,7 +80,7 @@ class BestCheckpoint:
         self.score = score
         self.path = os.path.join(directory, f'best_{key}_{filename}')
         write(self.path)
-        if trainer.rank == 0 and previous and previous != self.path:
+        if trainer.rank == 0 and previous and previous != self.path and inside(previous, directory):
             for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
                 if os.path.exists(victim):
                     remove_checkpoint(victim)
@@ -90,9 +102,14 @@ class BestCheckpoint:
         return self.save_best
 
     def state_dict(self):
-        return {'best_score': self.score, 'best_path': self.path, 'rule': self.rule}
+        path = self.path
+        if path is not None and self._directory is not None and inside(path, self._directory):
+            path = os.path.relpath(path, self._directory)
+        return {'best_score': self.score, 'best_path': path, 'rule': self.rule}
 
     def load_state_dict(self, state):
         self.score = state.get('best_score')
-        self.path = state.get('best_path')
+        self.path, self._stored_path = None, state.get('best_path')
+        if self._directory is not None:
+            self.bind(self._directory)
         self.rule = self.rule or state.get('rule')

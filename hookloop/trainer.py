@@ -655,8 +655,9 @@ class Trainer:
         """True (and says so) when the checkpoint to resume from ends the planned run."""
         if meta.get('iter', 0) < self.max_iters:
             return False
+        epochs_done = math.ceil(meta['iter'] / self.iters_per_epoch)  # the last one may end mid-loader
         self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
-                         meta.get('epoch', 0), meta['iter'], 'epochs' if self.by_epoch else 'iters',
+                         epochs_done, meta['iter'], 'epochs' if self.by_epoch else 'iters',
                          self.max_epochs if self.by_epoch else self.max_iters)
         return True
 

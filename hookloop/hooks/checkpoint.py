@@ -2,7 +2,7 @@
 import os
 
 from ..best_checkpoint import BestCheckpoint
-from ..checkpoint import read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
+from ..checkpoint import inside, read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
@@ -25,7 +25,9 @@ class CheckpointHook(Hook):
         out_dir: where to save; relative paths are inside the work dir (default: the work dir).
             The ``last_checkpoint`` pointer stays in the work dir.
         max_keep_ckpts: keep only this many of the newest interval checkpoints (-1 keeps all).
-            The latest checkpoint and the best one are never deleted.
+            The latest checkpoint and the best one are never deleted. The checkpoint a run
+            resumed from counts as one of them when it lies in this hook's directory; files
+            outside this run's work dir and ``out_dir`` are never deleted.
         save_last: also save after the last epoch / iteration.
         save_best: a metric name in ``trainer.metrics`` (set by evaluation), or ``'auto'`` for
             the first metric. Each time a new evaluation improves it, the checkpoint at that
@@ -55,12 +57,15 @@ class CheckpointHook(Hook):
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
-        self.saved = []          # interval checkpoints, oldest first
+        self.saved = []          # interval checkpoints (absolute paths), oldest first
         self._capture = None     # set while this hook saves: receives the checkpoint dict
 
     # -- stages ------------------------------------------------------------------------------
     def before_run(self, trainer):
+        self._work_dir = trainer.work_dir
         self.directory = os.path.join(trainer.work_dir, self.out_dir) if self.out_dir else trainer.work_dir
+        if self.best is not None:
+            self.best.bind(self.directory)
         if trainer.rank == 0:
             os.makedirs(self.directory, exist_ok=True)
             for path in remove_stale_temporaries(self.directory):
@@ -79,6 +84,20 @@ class CheckpointHook(Hook):
         if not self.by_epoch and (self.every_n_iters(trainer, self.interval) or
                                   (self.save_last and self.is_last_iter(trainer))):
             self._save(trainer, name)
+
+    def after_load_checkpoint(self, trainer, checkpoint):
+        # Retention counts the checkpoint the run continued from (a preempt or another
+        # name), so max_keep_ckpts holds across any number of resumes.
+        resumed = getattr(trainer, 'resumed_from', None)
+        directory = getattr(self, 'directory', None)
+        if resumed and directory and self._owns(resumed) and resumed not in self.saved and \
+                (self.best is None or resumed != self.best.path):
+            self.saved.insert(0, resumed)
+
+    def _owns(self, path):
+        """True for a path this hook may delete: inside its directory or the work dir."""
+        directories = [d for d in (getattr(self, 'directory', None), getattr(self, '_work_dir', None)) if d]
+        return any(inside(path, d) for d in directories)
 
     def before_save_checkpoint(self, trainer, checkpoint):
         # EMA and other hooks run earlier in this stage (ordering constraint), so the
@@ -113,12 +132,15 @@ class CheckpointHook(Hook):
     def _remove_old(self, trainer):
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
-        latest = read_pointer(trainer.work_dir)
+        try:
+            latest = read_pointer(trainer.work_dir, also_inside=[self.directory])
+        except CheckpointError:
+            latest = None
         best = self.best.path if self.best is not None else None
         protected = {os.path.abspath(p) for p in (latest, best, self.saved[-1]) if p}
         while len(self.saved) > self.max_keep_ckpts:
             old = self.saved.pop(0)
-            if os.path.abspath(old) in protected:
+            if os.path.abspath(old) in protected or not self._owns(old):
                 continue
             for victim in (old, os.path.splitext(old)[0] + '.safetensors'):
                 if os.path.exists(victim):
@@ -130,13 +152,26 @@ class CheckpointHook(Hook):
                              lambda path: self._write(trainer, path, update_last=False))
 
     # -- state -------------------------------------------------------------------------------
+    # Paths are stored relative to the work dir, so a copied or moved work dir deletes its
+    # own files, never the original's; a path that resolves outside this run's directories
+    # (an older checkpoint's absolute path, another run's file) is forgotten, not deleted.
+    def _relative(self, path):
+        base = getattr(self, '_work_dir', None)
+        return os.path.relpath(path, base) if base and self._owns(path) else path
+
+    def _resolve(self, path):
+        if not isinstance(path, str):
+            return None
+        path = os.path.normpath(os.path.join(self._work_dir, path))
+        return path if self._owns(path) else None
+
     def state_dict(self):
-        state = {'saved': list(self.saved)}
+        state = {'saved': [self._relative(p) for p in self.saved]}
         if self.best is not None:
             state.update(self.best.state_dict())
         return state
 
     def load_state_dict(self, state):
-        self.saved = list(state.get('saved', []))
+        self.saved = [p for p in map(self._resolve, state.get('saved', [])) if p is not None]
         if self.best is not None:
             self.best.load_state_dict(state)
