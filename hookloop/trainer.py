@@ -345,6 +345,8 @@ class Trainer:
             defaults.append(dict(type='TextLoggerHook'))
         if 'evaluation' not in roles and self.val_dataloader is not None:
             defaults.append(dict(type='EvaluationHook'))
+        if 'checkpoint' in roles and 'preemption' not in roles:  # SIGTERM / Ctrl-C save by default
+            defaults.append(dict(type='PreemptionHook'))
         for cfg in defaults:
             # A default stands in for an empty role until a hook of that role is registered.
             self.register_hook(cfg)._default_for_role = True
