@@ -345,6 +345,8 @@ class Trainer:
             defaults.append(dict(type='TextLoggerHook'))
         if 'evaluation' not in roles and self.val_dataloader is not None:
             defaults.append(dict(type='EvaluationHook'))
+        if 'invalid_loss' not in roles and self.optimizer is not None:  # no silent NaN
+            defaults.append(dict(type='FiniteLossGuard'))
         if 'checkpoint' in roles and 'preemption' not in roles:  # SIGTERM / Ctrl-C save by default
             defaults.append(dict(type='PreemptionHook'))
         for cfg in defaults:
