@@ -27,6 +27,8 @@ from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_ta
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
+from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
+                             describe)
 from .resume_search import find_resumable, load_verified
 from .work_dir_lock import WorkDirLock
 from .model_step import as_outputs, call_model, move_to_device
@@ -86,6 +88,8 @@ class Trainer:
             on CPU) and how many seconds a collective waits for the other ranks.
         strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
         find_unused_parameters: passed to ``DistributedDataParallel``.
+        resume_policy: ``None`` (a resume whose batches per epoch changed mid-epoch is
+            refused) or ``'restart_epoch'`` (such a resume continues from the next epoch).
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -94,7 +98,7 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False):
+                 find_unused_parameters=False, profile_hooks=False, resume_policy=None):
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -114,7 +118,10 @@ class Trainer:
             sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
             if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
+        if resume_policy not in RESUME_POLICIES:
+            raise ConfigError(f'resume_policy must be one of {list(RESUME_POLICIES)}, got {resume_policy!r}')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
+        self.resume_policy = resume_policy
         self.cfg = cfg
         self.loss_fn = loss_fn
 
@@ -599,7 +606,7 @@ class Trainer:
         checkpoint = {
             'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
-                     'world_size': self.world_size, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
+                     'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
             'state_dict': self.model.state_dict(),
             'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
@@ -688,30 +695,59 @@ class Trainer:
             for key in ('meta', 'state_dict'):
                 if key not in checkpoint:
                     raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
+            if not isinstance(checkpoint['meta'], Mapping) or not all(
+                    isinstance(checkpoint['meta'].get(k), int) for k in ('epoch', 'iter', 'inner_iter')):
+                raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
+            restart = check_epoch_length(checkpoint['meta'], self.iters_per_epoch, self.world_size,
+                                         self.resume_policy, path)
             try:
                 self.model.load_state_dict(checkpoint['state_dict'])
                 if 'optimizer' in checkpoint and self.optimizer is not None:
                     self.optimizer.load_state_dict(checkpoint['optimizer'])
-            except (RuntimeError, ValueError, KeyError) as exc:
+            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise CheckpointError(f'{path!r} does not fit this model/optimizer: '
                                       f'{str(exc).strip().splitlines()[0]}') from None
         meta = checkpoint['meta']
+        if is_sharded_checkpoint(path):
+            restart = check_epoch_length(meta, self.iters_per_epoch, self.world_size, self.resume_policy, path)
+        changes = self._config_changes(meta)
+        if changes and self.optimizer is not None:
+            apply_optimizer_changes(self.optimizer, changes)
         if meta.get('world_size', self.world_size) != self.world_size:  # the sharding of each epoch changes
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
                                 'from the original run', path, meta['world_size'], self.world_size)
         self.epoch, self.iter, self.inner_iter = meta['epoch'], meta['iter'], meta['inner_iter']
+        if restart is not None:
+            self.epoch, self.iter, self.inner_iter = restart
+            self.logger.warning("resume_policy='restart_epoch': %s has %d batches per epoch, this run %d; "
+                                'continuing from the start of epoch %d (iteration %d)', path,
+                                meta['iters_per_epoch'], self.iters_per_epoch, self.epoch + 1, self.iter)
         self.seed = meta.get('seed', self.seed)
         saved_states = checkpoint.get('hooks', {})
         for hook in self.hooks:
             if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
                 hook.load_state_dict(saved_states[hook.name])
         if 'rng' in checkpoint:
-            set_rng_state(checkpoint['rng'])
+            try:
+                set_rng_state(checkpoint['rng'])
+            except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+                raise CheckpointError(f'{path!r} is damaged: its "rng" entry cannot be restored '
+                                      f'({type(exc).__name__}: {exc})') from None
         self.resumed_from = os.path.abspath(path)
         self.call_hook('after_load_checkpoint', checkpoint)
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
                          self.inner_iter)
         return checkpoint
+
+    def _config_changes(self, meta):
+        """Log, in one block, how the current config differs from the checkpoint's."""
+        saved, current = meta.get('config'), plain(self.cfg) if self.cfg is not None else None
+        if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
+            return []
+        changes = config_differences(saved, current)
+        if changes:
+            self.logger.warning('%s', describe(changes, meta['iter']))
+        return changes
 
     def load_weights(self, path, strict=True):
         """Initialise the model from a checkpoint's weights only (a fresh schedule)."""
