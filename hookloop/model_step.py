@@ -45,3 +45,19 @@ def as_outputs(outputs):
     raise ConfigError(f'the model (or loss_fn) returned a {type(outputs).__name__}; a training step must return '
                     'a loss tensor, a dict with a "loss" entry, or an object with a .loss attribute '
                     '(pass loss_fn=... to turn plain outputs into a loss)')
+
+
+def check_losses(outputs, iteration):
+    """Every ``loss*`` output must be a one-element tensor (or a plain number, logged only).
+    Shape and type only: no device sync."""
+    for key, value in outputs.items():
+        if not (isinstance(key, str) and key.startswith('loss')):
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigError(f'the model output {key!r} at iteration {iteration} is a tensor of shape '
+                                  f'{tuple(value.shape)}, not a scalar; reduce it (e.g. .mean()) in the model '
+                                  'or loss_fn')
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f'the model output {key!r} at iteration {iteration} is a {type(value).__name__}, '
+                              'not a scalar tensor')

@@ -19,7 +19,7 @@ from .builder import build_dataloader, build_model, build_optimizer
 from .checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state, update_pointer
 from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hooks.base import STAGES, Hook
@@ -27,11 +27,12 @@ from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_ta
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
+from .preflight import check_before_run
 from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
                              describe)
 from .resume_search import find_resumable, load_verified
 from .work_dir_lock import WorkDirLock
-from .model_step import as_outputs, call_model, move_to_device
+from .model_step import as_outputs, call_model, check_losses, move_to_device
 from .priority import Priority, get_priority
 from .registry import HOOKS, TRAINERS, closest_names
 
@@ -394,7 +395,11 @@ class Trainer:
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
         for method in self._dispatch[stage]:
-            method(self, *args)
+            try:
+                method(self, *args)
+            except Exception as exc:
+                say_where(exc, f'{hook_name(method)}.{stage} at epoch {self.epoch + 1}, iteration {self.iter}')
+                raise
 
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
@@ -408,6 +413,7 @@ class Trainer:
         if self.optimizer is None:
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
+        check_before_run(self)
         self._claim_work_dir()
         try:
             resume_path, resume_checkpoint = self._resume_target()
@@ -496,13 +502,25 @@ class Trainer:
             except StopIteration:
                 raise DataError(f'train_dataloader ended after {self.inner_iter} batches but reported '
                                 f'{self.iters_per_epoch}') from None
+            except Exception as exc:
+                say_where(exc, f'loading batch {self.inner_iter} of epoch {self.epoch + 1} from train_dataloader'
+                               f'{batch_indices(loader, self.inner_iter)}')
+                raise
             self.data_batch = batch = self.to_device(batch)
-            for method in before_iter:
-                method(self)
+            try:
+                for method in before_iter:
+                    method(self)
+            except Exception as exc:
+                say_where(exc, f'{hook_name(method)}.before_train_iter at iteration {self.iter}')
+                raise
             self.outputs = self.train_step(batch)
             self._stage = 'after_train_iter'
-            for method in after_iter:
-                method(self)
+            try:
+                for method in after_iter:
+                    method(self)
+            except Exception as exc:
+                say_where(exc, f'{hook_name(method)}.after_train_iter at iteration {self.iter}')
+                raise
             self._stage = None
             self.iter += 1
             self.inner_iter += 1
@@ -523,10 +541,15 @@ class Trainer:
     def train_step(self, batch):
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
         with self.forward_context():
-            outputs = call_model(self.wrapped_model, batch)
-            if self.loss_fn is not None:
-                outputs = self.loss_fn(outputs, batch)
+            try:
+                outputs = call_model(self.wrapped_model, batch)
+                if self.loss_fn is not None:
+                    outputs = self.loss_fn(outputs, batch)
+            except Exception as exc:
+                say_where(exc, f'the model step (forward and loss_fn) at iteration {self.iter}')
+                raise
         outputs = as_outputs(outputs)
+        check_losses(outputs, self.iter)
         for key, value in outputs.items():
             if key.startswith('loss') and isinstance(value, torch.Tensor):
                 self.meters.update(key, value)
@@ -765,6 +788,29 @@ class Trainer:
         when training fails), because re-creating it under torchrun is not reliable."""
         self._lock.release()
         close_logger(self.logger)
+
+
+def say_where(exc, where):
+    """Note on a user-code error where hookloop was when it happened (the innermost place
+    wins). ``hookloop train`` prints it as the first line, above the traceback."""
+    if isinstance(exc, HookloopError):  # already one clear line
+        return
+    if not any(note.startswith('hookloop: raised while ') for note in getattr(exc, '__notes__', ())):
+        exc.add_note(f'hookloop: raised while {where}' if where.startswith('loading') else
+                     f'hookloop: raised while running {where}')
+
+
+def hook_name(method):
+    hook = getattr(method, '__self__', None)
+    return getattr(hook, 'name', type(hook).__name__) if hook is not None else getattr(method, '__name__', '?')
+
+
+def batch_indices(loader, position):
+    sampler = getattr(loader, 'batch_sampler', None)
+    if not isinstance(sampler, ResumableBatchSampler):
+        return ''
+    indices = sampler.indices()[position * sampler.batch_size:(position + 1) * sampler.batch_size]
+    return f' (dataset indices {indices})'
 
 
 def _accepts(target, argument):

@@ -1,0 +1,17 @@
+"""Checks that need the whole trainer (hooks and loaders together), run by ``train()``
+before the work dir, its lock or any log file is created: a config error writes nothing."""
+import os
+
+from .errors import ConfigError
+from .hooks.order import role_of
+from .paths import check_can_create_dir
+
+
+def check_before_run(trainer):
+    for hook in trainer.hooks:
+        if role_of(hook) == 'evaluation' and trainer.val_dataloader is None:
+            raise ConfigError(f'{hook.name} evaluates, but the trainer has no val_dataloader: give one, or '
+                              'remove the evaluation config')
+        out_dir = getattr(hook, 'out_dir', None)
+        if isinstance(out_dir, (str, os.PathLike)):
+            check_can_create_dir(os.path.join(trainer.work_dir, out_dir), f'{hook.name} out_dir')
