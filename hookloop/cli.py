@@ -94,7 +94,7 @@ def main(argv=None):
         # one line saying where hookloop was.
         for note in getattr(exc, '__notes__', ()):
             if note.startswith('hookloop: raised while '):
-                print(f'hookloop: error {note[len("hookloop: "):]}: {type(exc).__name__}: {exc}', file=sys.stderr)
+                print(f'hookloop: error {note[len("hookloop: raised "):]}: {type(exc).__name__}: {exc}', file=sys.stderr)
                 break
         raise
     except KeyboardInterrupt:

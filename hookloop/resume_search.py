@@ -72,8 +72,9 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
         except CheckpointError as exc:
             skipped.append((path, str(exc)))
             continue
-        if 'meta' not in checkpoint:
-            skipped.append((path, 'not a hookloop checkpoint (no "meta" entry)'))
+        meta = checkpoint.get('meta')
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(k), int) for k in ('epoch', 'iter', 'inner_iter')):
+            skipped.append((path, 'not a hookloop checkpoint (no usable "meta" entry)'))
             continue
         for bad, why in skipped:
             logger.warning('--resume auto: skipped %s: %s', bad, why)

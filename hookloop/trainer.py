@@ -683,7 +683,7 @@ class Trainer:
             return found
         if path is None:
             return None, None
-        return path, load_verified(path, map_location=self.device)
+        return path, check_resumable(path, load_verified(path, map_location=self.device))
 
     def _already_complete(self, meta):
         """True (and says so) when the checkpoint to resume from ends the planned run."""
@@ -715,12 +715,7 @@ class Trainer:
         else:
             if checkpoint is None:
                 checkpoint = load_checkpoint(path, map_location=self.device)
-            for key in ('meta', 'state_dict'):
-                if key not in checkpoint:
-                    raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
-            if not isinstance(checkpoint['meta'], Mapping) or not all(
-                    isinstance(checkpoint['meta'].get(k), int) for k in ('epoch', 'iter', 'inner_iter')):
-                raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
+            check_resumable(path, checkpoint)
             restart = check_epoch_length(checkpoint['meta'], self.iters_per_epoch, self.world_size,
                                          self.resume_policy, path)
             try:
@@ -788,6 +783,19 @@ class Trainer:
         when training fails), because re-creating it under torchrun is not reliable."""
         self._lock.release()
         close_logger(self.logger)
+
+
+def check_resumable(path, checkpoint):
+    """``checkpoint`` if it has what a resume reads, else a CheckpointError naming ``path``."""
+    sharded = is_sharded_checkpoint(path)
+    for key in ('meta',) if sharded else ('meta', 'state_dict'):
+        if key not in checkpoint:
+            raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
+    meta = checkpoint['meta']
+    if not isinstance(meta, Mapping) or not all(
+            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in ('epoch', 'iter', 'inner_iter')):
+        raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
+    return checkpoint
 
 
 def say_where(exc, where):
