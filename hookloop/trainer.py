@@ -723,8 +723,8 @@ class Trainer:
                 if 'optimizer' in checkpoint and self.optimizer is not None:
                     self.optimizer.load_state_dict(checkpoint['optimizer'])
             except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise CheckpointError(f'{path!r} does not fit this model/optimizer: '
-                                      f'{str(exc).strip().splitlines()[0]}') from None
+                detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])
+                raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
         meta = checkpoint['meta']
         if is_sharded_checkpoint(path):
             restart = check_epoch_length(meta, self.iters_per_epoch, self.world_size, self.resume_policy, path)
