@@ -156,3 +156,25 @@ def test_sigterm_to_torchrun_stops_every_rank_at_the_same_iteration_and_exits_ze
     assert max(r['time'] for r in records) - signalled < 15, records
     saved = load_checkpoint(read_pointer(tmp_path / 'work'))
     assert saved['meta']['iter'] == records[0]['iter']
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_second_ctrl_c_during_the_save_aborts_without_a_traceback(tmp_path):
+    from resume_helpers import ForkedRun, write_config
+    config = write_config(tmp_path, big=50_000_000, delay=0.01, max_epochs=4, interval=1000)  # 200 MB saves
+    work_dir = tmp_path / 'run'
+    run = ForkedRun(config, work_dir, str(tmp_path / 'out.txt'))
+    deadline = time.monotonic() + 180
+    while 'Epoch [' not in work_dir_log(work_dir):
+        assert run.poll() is None and time.monotonic() < deadline, run.output()[-3000:]
+        time.sleep(0.02)
+    run.send_signal(signal.SIGINT)
+    while not any(n.startswith('.preempt_iter_') for n in os.listdir(work_dir)):  # the save has begun
+        assert run.poll() is None and time.monotonic() < deadline, run.output()[-3000:]
+        time.sleep(0.002)
+    run.send_signal(signal.SIGINT)
+    assert run.wait(timeout=60) == -signal.SIGINT
+    assert 'Traceback' not in run.output()
+    assert read_pointer(work_dir) is None  # nothing half-written became the latest
+    assert not [n for n in os.listdir(work_dir) if n.startswith('preempt_iter_')]
