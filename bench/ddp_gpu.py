@@ -142,7 +142,7 @@ def hookloop_run(args, data, device, dtype, work_dir):
                       max_iters=args.warmup + args.steps * args.repeats, device=str(device), strategy='ddp',
                       dist_backend=args.dist_backend, work_dir=work_dir, seed=0,
                       log_config=dict(interval=50), custom_hooks=[windows])
-    trainer.forward_context = autocast(trainer.device, dtype)
+    trainer.step.forward_context = autocast(trainer.device, dtype)
     if dtype is torch.float16:
         trainer.resolve_hooks()
         optimizer_hook = next(h for h in trainer.hooks if type(h).__name__ == 'OptimizerHook')

@@ -137,6 +137,9 @@ def _when_fp16_enabled(apply_to, name, source, target, autocast_kwargs, cast_out
 
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
+            if not isinstance(self, torch.nn.Module):  # as MMCV's decorators
+                raise TypeError(f'@{name} can only be used to decorate the method of an nn.Module; '
+                                f'{fn.__qualname__} was called on a {type(self).__name__}')
             if not getattr(self, 'fp16_enabled', False):
                 return fn(self, *args, **kwargs)
             bound = cast((self,) + args, kwargs)

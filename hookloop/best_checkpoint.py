@@ -4,6 +4,7 @@ Shared by ``CheckpointHook(save_best=...)`` and ``EvaluationHook(save_best=...)`
 ``EvalHook`` has the argument, so MMCV configs use it there); each hook owns its own
 instance and state.
 """
+import math
 import os
 
 from .checkpoint import inside, remove_checkpoint
@@ -47,11 +48,12 @@ class BestCheckpoint:
                 raise ConfigError(f'{owner} cannot tell whether a larger {save_best!r} is better; '
                                   "give rule='greater' or rule='less'")
         self.owner, self.save_best, self.rule = owner, save_best, rule
-        self.score = None  # a float once an evaluation was seen
-        self.path = None         # absolute, once known
+        self.score = None  # the best finite score so far; None: none yet (as -inf / +inf by the rule)
+        self.path = None          # absolute, once known
+        self.metric = None if save_best == 'auto' else save_best
+        self._seen = 0  # trainer.position.validations when the metrics were last looked at
         self._directory = None
         self._stored_path = None  # from a checkpoint: relative to the directory of the run
-        self._seen = None
 
     def bind(self, directory):
         """Resolve paths against ``directory`` (the owner's save directory). A stored path
@@ -63,21 +65,32 @@ class BestCheckpoint:
             self._stored_path = None
 
     def update(self, trainer, directory, filename, write):
-        """Look at ``trainer.metrics``; when they are new and better, ``write(path)`` the best
-        checkpoint as ``<directory>/best_<metric>_<filename>``. Returns True when it did."""
-        metrics = trainer.metrics
-        # trainer.val() stores a new dict each time: the same object means no new evaluation,
-        # so nothing is read (and no device value synced) on the other iterations.
-        if not metrics or metrics is self._seen:
+        """Look at ``trainer.metrics`` after a new validation; when its score is better,
+        ``write(path)`` the best checkpoint as ``<directory>/best_<metric>_<filename>``.
+        Returns True when it did. An empty result or a non-finite score is warned about and
+        never becomes the best."""
+        # The validation count tells a new result from an old one, so on the other
+        # iterations nothing is read (and no device value synced).
+        if trainer.position.validations == self._seen:
             return False
-        self._seen = metrics
+        self._seen = trainer.position.validations
+        metrics = trainer.metrics
+        if not metrics:
+            trainer.logger.warning('%s save_best=%r: the evaluation returned no metrics; the best checkpoint is '
+                                   'not updated this time', self.owner, self.save_best)
+            return False
         self.bind(directory)
         key = self._key(metrics)
         score = float(metrics[key])
-        if self.score is not None and not (score > self.score if self.rule == 'greater' else score < self.score):
+        if not math.isfinite(score):
+            trainer.logger.warning('%s save_best: %s = %s is not finite; it is ignored for the best checkpoint',
+                                   self.owner, key, score)
+            return False
+        best = self.score if self.score is not None else (-math.inf if self.rule == 'greater' else math.inf)
+        if not (score > best if self.rule == 'greater' else score < best):
             return False
         previous = self.path
-        self.score = score
+        self.score, self.metric = score, key
         self.path = os.path.join(directory, f'best_{key}_{filename}')
         write(self.path)
         if trainer.rank == 0 and previous and previous != self.path and inside(previous, directory):
@@ -100,6 +113,11 @@ class BestCheckpoint:
             raise ConfigError(f'{self.owner} save_best={self.save_best!r} is not among the evaluation metrics '
                               f'{sorted(metrics)}')
         return self.save_best
+
+    def run_summary(self, trainer):
+        if self.path is None:
+            return {}
+        return {f'best {self.metric}': f'{self.score:.6g} ({os.path.relpath(self.path, trainer.work_dir)})'}
 
     def state_dict(self):
         path = self.path

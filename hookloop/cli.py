@@ -8,13 +8,19 @@ import sys
 from .errors import HookloopError
 
 
-def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **overrides):
-    """The trainer a config file describes, after overrides."""
+def load_with_options(path, cfg_options=None):
+    """The config dict of a file, with ``--cfg-options`` applied."""
     from .config import load_config, parse_options, set_dotted
-    from .trainer import build_trainer
     cfg = load_config(path)
     for dotted, value in parse_options(cfg_options).items():
         set_dotted(cfg, dotted, value)
+    return cfg
+
+
+def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **overrides):
+    """The trainer a config file describes, after overrides."""
+    from .trainer import build_trainer
+    cfg = load_with_options(path, cfg_options)
     if work_dir is not None:
         cfg['work_dir'] = work_dir
     if resume is not None:
@@ -23,6 +29,30 @@ def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **over
     name = cfg.pop('trainer', 'default')
     cfg['cfg'] = dict(cfg)
     return build_trainer(name, default_args=cfg)
+
+
+def hooks_of_config(path, cfg_options=None):
+    """The hooks a config registers (with the defaults a run adds), built without a model,
+    data or work dir: nothing is loaded and nothing is written."""
+    import importlib
+
+    from .errors import ConfigError
+    from .hook_list import HookList
+    cfg = load_with_options(path, cfg_options)
+    imports = cfg.get('custom_imports') or []
+    for module in [imports] if isinstance(imports, str) else imports:  # they may register hooks
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
+    hooks = HookList()
+    hooks.register_training_hooks(cfg.get('lr_config'), cfg.get('optimizer_config'), cfg.get('checkpoint_config'),
+                                  cfg.get('log_config'), cfg.get('momentum_config'), cfg.get('timer_config'),
+                                  cfg.get('custom_hooks'))
+    if cfg.get('evaluation') is not None:
+        hooks.register_evaluation(cfg['evaluation'])
+    hooks.add_defaults(cfg.get('optimizer') is not None, cfg.get('val_dataloader') is not None)
+    return hooks
 
 
 def _train(args):
@@ -36,9 +66,8 @@ def _train(args):
 
 
 def _hooks(args):
-    trainer = build_from_config(args.config, args.cfg_options)
-    print(trainer.hook_order_table())
-    trainer.close()
+    print('per stage, the hooks in run order: (priority) name  [declared dependencies]')
+    print(hooks_of_config(args.config, args.cfg_options).format_table())
     return 0
 
 

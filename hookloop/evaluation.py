@@ -142,17 +142,21 @@ def real_samples(loader):
 
 def take_first(outputs, batch, remaining):
     """``(outputs, batch, remaining)`` cut to the first ``remaining`` samples of the batch:
-    every tensor whose first dimension is the batch size is sliced. ``(None, None, 0)``
-    when nothing is left."""
+    every tensor whose first dimension is the batch size is sliced, and so is every list or
+    tuple of per-sample values (names, ids, prompts) of the batch size inside a dict. A batch
+    or outputs that are themselves a tuple/list hold fields (``(inputs, targets)``): each
+    field is cut. ``(None, None, 0)`` when nothing is left."""
     size = _batch_size(batch)
     if remaining >= size:
         return outputs, batch, remaining - size
     if remaining <= 0:
         return None, None, 0
-    return _slice(outputs, remaining, size), _slice(batch, remaining, size), 0
+    return _slice(outputs, remaining, size, fields=True), _slice(batch, remaining, size, fields=True), 0
 
 
-def _slice(value, n, size):
+def _slice(value, n, size, fields=False):
+    """``value`` cut to its first ``n`` samples; ``fields``: a top-level tuple/list is a
+    container of fields, not a list of samples."""
     if isinstance(value, torch.Tensor):
         return value[:n] if value.dim() > 0 and value.shape[0] == size else value
     if isinstance(value, Mapping):
@@ -164,6 +168,8 @@ def _slice(value, n, size):
     if isinstance(value, tuple) and hasattr(value, '_fields'):  # namedtuple
         return type(value)(*(_slice(v, n, size) for v in value))
     if isinstance(value, (list, tuple)):
+        if not fields and len(value) == size:  # one entry per sample
+            return type(value)(value[:n])
         return type(value)(_slice(v, n, size) for v in value)
     return value
 

@@ -6,18 +6,29 @@ import torch
 from .errors import ConfigError
 
 
+def map_tensors(value, fn):
+    """``value`` with ``fn`` applied to every tensor in it (dicts, lists and tuples are walked)."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        items = {k: map_tensors(v, fn) for k, v in value.items()}
+        return items if type(value) is dict else type(value)(items)
+    if isinstance(value, tuple) and hasattr(value, '_fields'):  # namedtuple
+        return type(value)(*(map_tensors(v, fn) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
 def move_to_device(batch, device):
-    """``batch`` with every tensor on ``device`` (dicts, lists and tuples are walked)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return type(batch)({k: move_to_device(v, device) for k, v in batch.items()}) \
-            if type(batch) is not dict else {k: move_to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, '_fields'):  # namedtuple
-        return type(batch)(*(move_to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device) for v in batch)
-    return batch
+    """``batch`` with every tensor on ``device``."""
+    return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def detach_outputs(outputs):
+    """A step's outputs (a Mapping) as a plain dict of detached values: holding it keeps no
+    autograd graph (and none of the activations it saved) alive."""
+    return {key: map_tensors(value, torch.Tensor.detach) for key, value in outputs.items()}
 
 
 def call_model(model, batch):

@@ -4,7 +4,6 @@ Everything optional — stepping the optimizer, schedules, checkpoints, logging 
 is a hook. The loop only fetches batches, runs the model step and calls the
 hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
 """
-import contextlib
 import importlib
 import math
 import os
@@ -22,19 +21,21 @@ from .dist import broadcast_object, init_distributed, resolve_device, teardown, 
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
-from .hooks.base import STAGES, Hook
-from .hooks.order import format_stage_table, role_of, sort_by_priority, stage_table
+from .hook_list import HookList
+from .hooks.base import SETUP_STAGE, STAGES
+from .hooks.order import role_of
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
+from .model_step import as_outputs, call_model, check_losses, detach_outputs, move_to_device
+from .position import Position
 from .preflight import check_before_run
+from .registry import TRAINERS
 from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
                              describe)
 from .resume_search import find_resumable, load_verified
+from .step import StepState
 from .work_dir_lock import WorkDirLock
-from .model_step import as_outputs, call_model, check_losses, move_to_device
-from .priority import Priority, get_priority
-from .registry import HOOKS, TRAINERS, closest_names
 
 
 def _positive_int(name, value):
@@ -155,30 +156,25 @@ class Trainer:
         self.val_evaluator = build_evaluator(val_evaluator)
         self._init_progress()
 
-        self.epoch = self.iter = self.inner_iter = self.val_iter = 0
+        self.position = Position()  # the counters; what a checkpoint's meta stores
+        self.step = StepState()  # what hooks tell each other about the current iteration
         self.mode = 'train'
         self.outputs = self.val_outputs = self.data_batch = None
-        self.metrics = {}  # the latest validation results
+        self.metrics = {}  # the latest validation results (written by val() only)
         self.meters = MeterBuffer()
         self.exception = None
         self.stop_reason = None
-        # Set by hooks: wraps the forward (autocast, DDP no_sync). Called each step.
-        self.forward_context = contextlib.nullcontext
-        self.val_forward_context = contextlib.nullcontext
-        # Set by a hook in after_train_iter (CheckInvalidLossHook) to drop this iteration's update;
-        # the optimizer hook honours and clears it (docs/optimizer.md).
-        self.skip_step = False
 
-        self._hook_entries = []  # (priority, registration index, hook)
+        self._hook_list = HookList()
         self._dispatch = None
-        self._stage = None  # 'after_train_iter' / 'after_train_epoch' while those run (checkpoint_position)
+        self._set_up = set()  # ids of the hooks whose setup() ran
         self._running = False
         self._lock = WorkDirLock(self.work_dir)
         self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
-            self.register_hook(self._hook_cfg(evaluation, 'EvaluationHook'), priority='LOW')
+            self._hook_list.register_evaluation(evaluation)
 
     # -- set-up ----------------------------------------------------------------------------
     def _make_work_dir(self, work_dir):
@@ -213,6 +209,13 @@ class Trainer:
         else:
             self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
 
+    # The counters live in ``self.position`` (see hookloop/position.py); these read it.
+    epoch = property(lambda self: self.position.epoch, lambda self, v: setattr(self.position, 'epoch', v))
+    iter = property(lambda self: self.position.iter, lambda self, v: setattr(self.position, 'iter', v))
+    inner_iter = property(lambda self: self.position.inner_iter,
+                          lambda self, v: setattr(self.position, 'inner_iter', v))
+    val_iter = property(lambda self: self.position.val_iter, lambda self, v: setattr(self.position, 'val_iter', v))
+
     @property
     def epoch_length(self):
         """Iterations in the current epoch: the loader's length, or fewer in the last epoch
@@ -226,81 +229,21 @@ class Trainer:
     @property
     def hooks(self):
         """The registered hooks, by priority (ties in registration order)."""
-        return sort_by_priority(self._hook_entries)
+        return self._hook_list.hooks
 
     # -- hooks -----------------------------------------------------------------------------
     def register_hook(self, hook, priority=None):
         """Register a Hook instance or a config dict (which may carry a ``priority`` key).
 
         ``priority`` (a name such as ``'NORMAL'`` or an int 0..100) overrides the dict's
-        and the class's ``PRIORITY``. Lower values run first; ties run in registration order.
+        and the class's ``PRIORITY``. Lower values run first; ties run in registration order;
+        dependencies hook classes declare (``RUNS_AFTER``/``RUNS_BEFORE``) win over priorities.
+        A hook cannot be registered while ``train()`` runs (ConfigError): the hooks of a run
+        are fixed when it starts.
         """
-        if isinstance(hook, Mapping):
-            cfg = dict(hook)
-            cfg_priority = cfg.pop('priority', None)
-            hook = HOOKS.build(cfg)
-            priority = cfg_priority if priority is None else priority
-        if not isinstance(hook, Hook):
-            raise ConfigError(f'a hook must be a hookloop.Hook or a config dict, got {type(hook).__name__}')
-        value = get_priority(getattr(hook, 'PRIORITY', Priority.NORMAL) if priority is None else priority)
-        self._hook_entries = [entry for entry in self._hook_entries
-                              if not (getattr(entry[2], '_default_for_role', False)
-                                      and role_of(entry[2]) == role_of(hook))]
-        for _, _, other in self._hook_entries:
-            if other is hook:
-                raise ConfigError(f'{hook.name} is already registered')
-            if getattr(hook, 'EXCLUSIVE', False) and role_of(other) == role_of(hook):
-                raise ConfigError(f'cannot register {type(hook).__name__}: {type(other).__name__} is already '
-                                  f'registered for the "{role_of(hook)}" role and only one hook may fill it '
-                                  '(configure that one hook instead, e.g. optimizer_config=dict(...))')
-        names = {other.name for _, _, other in self._hook_entries}
-        if hook.name in names:
-            n = 1
-            while f'{hook.name}_{n}' in names:
-                n += 1
-            hook.name = f'{hook.name}_{n}'
-        self._hook_entries.append((value, len(self._hook_entries), hook))
+        hook = self._hook_list.register(hook, priority)
         self._dispatch = None
         return hook
-
-    @staticmethod
-    def _hook_cfg(cfg, default_type):
-        if isinstance(cfg, Hook):
-            return cfg
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f'a {default_type} config must be a dict, got {cfg!r}')
-        cfg = dict(cfg)
-        cfg.setdefault('type', default_type)
-        return cfg
-
-    @staticmethod
-    def _policy_hook_cfg(cfg, suffix):
-        """``dict(policy='Step', ...)`` -> ``dict(type='StepLrUpdaterHook', ...)``."""
-        if isinstance(cfg, Hook):
-            return cfg
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f'{suffix} config must be a dict like dict(policy=...), got {cfg!r}')
-        if 'type' in cfg:
-            return cfg
-        cfg = dict(cfg)
-        if 'policy' not in cfg:
-            raise ConfigError(f'{suffix} config needs a "policy" (or a "type"), got {cfg!r}')
-        policy = cfg.pop('policy')
-        if not isinstance(policy, str):
-            cfg['type'] = policy
-            return cfg
-        name = policy + suffix
-        if name not in HOOKS:  # accept any capitalisation ('step', 'cosineannealing', ...)
-            by_lower = {key.lower(): key for key in HOOKS.keys() if key.endswith(suffix)}
-            if name.lower() not in by_lower:
-                known = sorted(key[:-len(suffix)] for key in by_lower.values())
-                hint = closest_names(policy, known)
-                raise ConfigError(f'unknown {suffix[:-len("UpdaterHook")].lower() or suffix} policy {policy!r}'
-                                  f'{"; closest: " + ", ".join(hint) if hint else ""}; known policies: '
-                                  f'{", ".join(known) or "none registered"}')
-            name = by_lower[name.lower()]
-        cfg['type'] = name
-        return cfg
 
     def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
                                 log_config=None, momentum_config=None, timer_config=None,
@@ -308,68 +251,27 @@ class Trainer:
         """Register the standard hooks from their configs, with MMCV's priorities:
         lr VERY_HIGH, momentum HIGH, optimizer ABOVE_NORMAL, checkpoint NORMAL, timer LOW,
         loggers VERY_LOW; custom hooks NORMAL unless their dict says ``priority=...``."""
-        if lr_config is not None:
-            self.register_hook(self._policy_hook_cfg(lr_config, 'LrUpdaterHook'), priority='VERY_HIGH')
-        if momentum_config is not None:
-            self.register_hook(self._policy_hook_cfg(momentum_config, 'MomentumUpdaterHook'), priority='HIGH')
-        if optimizer_config is not None:
-            self.register_hook(self._hook_cfg(optimizer_config, 'OptimizerHook'), priority='ABOVE_NORMAL')
-        if checkpoint_config is not None:
-            self.register_hook(self._hook_cfg(checkpoint_config, 'CheckpointHook'), priority='NORMAL')
-        if timer_config is not None:
-            self.register_hook(self._hook_cfg(timer_config, 'IterTimerHook'), priority='LOW')
-        if log_config is not None:
-            self._register_logger_hooks(log_config)
-        if custom_hooks_config is not None:
-            if isinstance(custom_hooks_config, (Mapping, Hook)):
-                custom_hooks_config = [custom_hooks_config]
-            for cfg in custom_hooks_config:
-                self.register_hook(cfg)
-
-    def _register_logger_hooks(self, log_config):
-        if not isinstance(log_config, Mapping):
-            raise ConfigError(f'log_config must be a dict like dict(interval=10, hooks=[...]), got {log_config!r}')
-        log_config = dict(log_config)
-        interval = log_config.pop('interval', 10)
-        hooks = log_config.pop('hooks', [dict(type='TextLoggerHook')])
-        if log_config:
-            raise ConfigError(f'log_config got unexpected keys {sorted(log_config)}; use interval and hooks')
-        for cfg in hooks:
-            if isinstance(cfg, Mapping):
-                cfg = dict(cfg)
-                kind = HOOKS.get(cfg['type']) if isinstance(cfg.get('type'), str) else cfg.get('type')
-                if kind is not None and 'interval' not in cfg and _accepts(kind, 'interval'):
-                    cfg['interval'] = interval
-            self.register_hook(cfg, priority='VERY_LOW')
-
-    def _add_default_hooks(self):
-        roles = {role_of(hook) for _, _, hook in self._hook_entries}
-        defaults = []
-        if 'optimizer' not in roles and self.optimizer is not None:
-            defaults.append(dict(type='OptimizerHook'))
-        if 'timer' not in roles:
-            defaults.append(dict(type='IterTimerHook'))
-        if 'logger' not in roles:
-            defaults.append(dict(type='TextLoggerHook'))
-        if 'evaluation' not in roles and self.val_dataloader is not None:
-            defaults.append(dict(type='EvaluationHook'))
-        if 'invalid_loss' not in roles and self.optimizer is not None:  # no silent NaN
-            defaults.append(dict(type='FiniteLossGuard'))
-        if 'checkpoint' in roles and 'preemption' not in roles:  # SIGTERM / Ctrl-C save by default
-            defaults.append(dict(type='PreemptionHook'))
-        for cfg in defaults:
-            # A default stands in for an empty role until a hook of that role is registered.
-            self.register_hook(cfg)._default_for_role = True
+        self._hook_list.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
+                                                momentum_config, timer_config, custom_hooks_config)
+        self._dispatch = None
 
     def resolve_hooks(self):
-        """Add default hooks for empty roles and build the stage -> methods dispatch table."""
+        """Add default hooks for empty roles, build the stage -> methods dispatch table and
+        run ``setup`` of the hooks that have not been set up on this trainer yet."""
         if self._dispatch is None:
-            self._add_default_hooks()
-            self._stage_hooks = stage_table(self.hooks)
+            self._hook_list.add_defaults(self.optimizer is not None, self.val_dataloader is not None)
+            table = self._hook_list.stage_table()
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
-                              for stage, hooks in self._stage_hooks.items()}
-        return self._stage_hooks
+                              for stage, hooks in table.items()}
+        return self._hook_list.stage_table()
+
+    def _setup_hooks(self):
+        """``setup(trainer)`` once per hook and trainer, in the order of the setup stage."""
+        for hook, method in zip(self._hook_list.stage_table()[SETUP_STAGE], self._dispatch[SETUP_STAGE]):
+            if id(hook) not in self._set_up:
+                self._set_up.add(id(hook))
+                method(self)
 
     def _timed(self, hook, stage):
         """``hook``'s ``stage`` method, adding its run time to ``hook_timings``."""
@@ -387,10 +289,9 @@ class Trainer:
         return timed
 
     def hook_order_table(self):
-        """The per-stage run order, as printed at the start of a run."""
-        table = self.resolve_hooks()
-        priorities = {id(hook): value for value, _, hook in self._hook_entries}
-        return format_stage_table(table, lambda hook: priorities[id(hook)])
+        """The per-stage run order with priorities and declared dependencies."""
+        self.resolve_hooks()
+        return self._hook_list.format_table()
 
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
@@ -424,16 +325,21 @@ class Trainer:
             self._lock.release()
             return self.model
         start_log_file(self.logger)
-        self.logger.info('seed: %d, device: %s, work_dir: %s', self.seed, self.device, self.work_dir)
-        self.logger.info('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
+        self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
+                         self.world_size, self.work_dir)
+        self.logger.debug('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
         self.exception = self.stop_reason = None
         self._running = True
+        self._hook_list.frozen = 'while train() runs'
+        run_start = (time.perf_counter(), self.iter)
         try:
             if self.load_from is not None and resume_path is None:
                 self.load_weights(self.load_from)
+            self._setup_hooks()
             self.call_hook('before_run')
             if resume_path is not None:
                 self._restore(resume_path, resume_checkpoint)
+                run_start = (run_start[0], self.iter)
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
         except BaseException as exc:
@@ -441,18 +347,19 @@ class Trainer:
             raise
         finally:
             self._running = False
-            self._finish_run()
+            self._hook_list.frozen = None
+            self._finish_run(run_start)
         return self.model
 
-    def _finish_run(self):
+    def _finish_run(self, run_start):
         """``after_run`` on every exit path; on an error path a failing hook is logged,
-        not raised, so the original error stays visible."""
+        not raised, so the original error stays visible. Then the closing summary."""
         try:
-            self._after_run()
+            self._after_run(run_start)
         finally:
             self._lock.release()
 
-    def _after_run(self):
+    def _after_run(self, run_start):
         if self.exception is None:
             # Every hook's after_run runs (loggers close) even when an earlier one fails.
             failure = None
@@ -463,7 +370,7 @@ class Trainer:
                     if failure is None:
                         failure = exc
                     else:
-                        self.logger.error('%s.after_run also failed: %r', getattr(method, '__self__', method), exc)
+                        self.logger.error('%s.after_run also failed: %r', hook_name(method), exc)
             if failure is not None:
                 self.exception = failure
                 raise failure
@@ -481,6 +388,8 @@ class Trainer:
             teardown()
         if self.stop_reason is not None:
             self.logger.info('training stopped at epoch %d, iteration %d: %s', self.epoch, self.iter, self.stop_reason)
+        from .run_summary import log_run_summary
+        log_run_summary(self, *run_start)
         if self.profile_hooks:
             from .profiling import report_hook_timings
             report_hook_timings(self)
@@ -495,7 +404,7 @@ class Trainer:
         if not isinstance(loader.batch_sampler, ResumableBatchSampler):
             skip_batches(batches, self.inner_iter)
         before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
-        length = self.epoch_length
+        position, step, length = self.position, self.step, self.epoch_length
         while self.inner_iter < length and self.stop_reason is None:
             try:
                 batch = next(batches)
@@ -507,6 +416,7 @@ class Trainer:
                                f'{batch_indices(loader, self.inner_iter)}')
                 raise
             self.data_batch = batch = self.to_device(batch)
+            step.begin()
             try:
                 for method in before_iter:
                     method(self)
@@ -514,24 +424,22 @@ class Trainer:
                 say_where(exc, f'{hook_name(method)}.before_train_iter at iteration {self.iter}')
                 raise
             self.outputs = self.train_step(batch)
-            self._stage = 'after_train_iter'
+            position.end_iteration()
             try:
                 for method in after_iter:
                     method(self)
             except Exception as exc:
                 say_where(exc, f'{hook_name(method)}.after_train_iter at iteration {self.iter}')
                 raise
-            self._stage = None
-            self.iter += 1
-            self.inner_iter += 1
+            if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
+                self.outputs = detach_outputs(self.outputs)
+            position.next_iteration()
         del batches  # shuts data-loader workers down before the epoch-end hooks
         if self.inner_iter < length:
             return  # stopped early: the epoch is not over
-        self._stage = 'after_train_epoch'
+        position.end_epoch()
         self.call_hook('after_train_epoch')
-        self._stage = None
-        self.epoch += 1
-        self.inner_iter = 0
+        position.next_epoch()
 
     def to_device(self, batch):
         if self._batches_stay:
@@ -540,7 +448,7 @@ class Trainer:
 
     def train_step(self, batch):
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
-        with self.forward_context():
+        with self.step.forward_context():
             try:
                 outputs = call_model(self.wrapped_model, batch)
                 if self.loss_fn is not None:
@@ -578,6 +486,7 @@ class Trainer:
         if self.val_dataloader is None:
             raise ConfigError('val() needs a val_dataloader')
         self.resolve_hooks()
+        self._setup_hooks()
         was_training = self.wrapped_model.training
         self.mode = 'val'
         self.wrapped_model.eval()
@@ -596,7 +505,7 @@ class Trainer:
                 self.data_batch = batch = self.to_device(batch)
                 for method in before_iter:
                     method(self)
-                with self.val_forward_context():
+                with self.step.val_forward_context():
                     self.val_outputs = call_model(self.wrapped_model, batch)
                 if self.val_evaluator is not None:
                     outputs, kept = self.val_outputs, batch
@@ -608,6 +517,7 @@ class Trainer:
                     method(self)
                 self.val_iter += 1
         self.metrics = dict(self.val_evaluator.compute()) if self.val_evaluator is not None else {}
+        self.position.validations += 1  # hooks tell a new result from an old one by this count
         self.call_hook('after_val_epoch')
         self.wrapped_model.train(was_training)
         self.mode = 'train'
@@ -615,19 +525,14 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint_position(self):
-        """``(epoch, iter, inner_iter)`` of the next iteration to run, at any stage — also
-        from validation or a save run inside ``after_train_iter`` / ``after_train_epoch``."""
-        if self._stage == 'after_train_iter':
-            return self.epoch, self.iter + 1, self.inner_iter + 1
-        if self._stage == 'after_train_epoch':
-            return self.epoch + 1, self.iter, 0
-        return self.epoch, self.iter, self.inner_iter
+        """``(epoch, iter, inner_iter)`` of the next iteration to run, at any stage (the
+        resume point ``self.position`` gives; see hookloop/position.py)."""
+        return self.position.resume_point()
 
     def state_dict(self, save_optimizer=True):
         """Everything exact resume needs, as tensors and plain containers."""
-        epoch, it, inner_iter = self.checkpoint_position()
         checkpoint = {
-            'meta': {'epoch': epoch, 'iter': it, 'inner_iter': inner_iter, 'seed': self.seed,
+            'meta': {**self.position.state_dict(), 'seed': self.seed,
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
@@ -639,13 +544,19 @@ class Trainer:
             checkpoint['optimizer'] = self.optimizer.state_dict()
         return checkpoint
 
-    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
-        """Write a checkpoint atomically to ``path`` (absolute, or relative to the work dir)
-        and, with ``update_last``, move the ``last_checkpoint`` pointer to it."""
-        path = os.path.join(self.work_dir, path)
+    def build_checkpoint(self, save_optimizer=True):
+        """The checkpoint dict: :meth:`state_dict` plus the entries hooks add in
+        ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
+        (a hook may all-reduce there)."""
         checkpoint = self.state_dict(save_optimizer)
         self.resolve_hooks()
         self.call_hook('before_save_checkpoint', checkpoint)
+        return checkpoint
+
+    def write_checkpoint(self, checkpoint, path, update_last=True):
+        """Write ``checkpoint`` (from :meth:`build_checkpoint`) atomically to ``path`` (absolute,
+        or relative to the work dir); with ``update_last`` move the ``last_checkpoint`` pointer."""
+        path = os.path.join(self.work_dir, path)
         if is_sharded_model(self.wrapped_model):  # every rank writes its shards
             save_sharded(checkpoint, path, self.model, self.optimizer, self.rank)
             if self.rank == 0 and update_last:
@@ -657,6 +568,10 @@ class Trainer:
             if update_last:
                 update_pointer(self.work_dir, path)
         return path
+
+    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
+        """Build and write a checkpoint; returns its path (see :meth:`write_checkpoint`)."""
+        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last)
 
     def _checkpoint_dirs(self):
         """Directories other than the work dir where this run's checkpoint hooks save."""
@@ -734,7 +649,7 @@ class Trainer:
         if meta.get('world_size', self.world_size) != self.world_size:  # the sharding of each epoch changes
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
                                 'from the original run', path, meta['world_size'], self.world_size)
-        self.epoch, self.iter, self.inner_iter = meta['epoch'], meta['iter'], meta['inner_iter']
+        self.position.load_state_dict(meta)
         if restart is not None:
             self.epoch, self.iter, self.inner_iter = restart
             self.logger.warning("resume_policy='restart_epoch': %s has %d batches per epoch, this run %d; "
@@ -778,9 +693,9 @@ class Trainer:
         self.logger.info('loaded weights from %s', path)
 
     def close(self):
-        """Release the log files and the work dir's lock (the trainer cannot log afterwards). The process group
-        stays up for later trainers in this process; it is destroyed at exit (or at once
-        when training fails), because re-creating it under torchrun is not reliable."""
+        """Release the log files and the work dir's lock (the trainer cannot log afterwards).
+        The process group stays up for later trainers in this process; it is destroyed at exit
+        (or at once when training fails), because re-creating it under torchrun is not reliable."""
         self._lock.release()
         close_logger(self.logger)
 
@@ -819,15 +734,6 @@ def batch_indices(loader, position):
         return ''
     indices = sampler.indices()[position * sampler.batch_size:(position + 1) * sampler.batch_size]
     return f' (dataset indices {indices})'
-
-
-def _accepts(target, argument):
-    import inspect
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
-    return argument in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def build_trainer(name='default', default_args=None):

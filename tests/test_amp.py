@@ -214,8 +214,8 @@ def test_cuda_amp_matches_plain_loop(tmp_path, precision, dtype):
 def test_validation_forward_uses_the_same_autocast(tmp_path):
     model = Regressor()
     trainer = train(tmp_path, model, dict(precision='bf16'), epochs=1)
-    with trainer.val_forward_context():
+    with trainer.step.val_forward_context():
         prediction = model(torch.ones(2, 4))
     assert prediction.dtype == torch.bfloat16
-    with trainer.forward_context():  # the train forward too
+    with trainer.step.forward_context():  # the train forward too
         assert torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16

@@ -125,7 +125,7 @@ def test_ema_resume_from_continues_like_an_uninterrupted_run(tmp_path):
 
 @pytest.mark.parametrize('kwargs, words', [
     (dict(momentum=1.5), 'momentum'), (dict(momentum=0), 'momentum'), (dict(interval=0), 'interval'),
-    (dict(warm_up=0), 'warm_up'), (dict(resume_from=3), 'resume_from'),
+    (dict(warm_up=-1), 'warm_up'), (dict(resume_from=3), 'resume_from'),
 ])
 def test_ema_bad_arguments_are_refused(kwargs, words):
     with pytest.raises(ConfigError, match=f'EMAHook {words}'):

@@ -4,7 +4,7 @@ import torch
 
 from hookloop import ConfigError, Hook, Priority, Trainer, get_priority
 from hookloop.hooks.base import implemented_stages
-from hookloop.hooks.order import apply_constraints
+from hookloop.hooks.order import HookOrderWarning, apply_constraints
 from conftest import Regressor, regression_data
 
 
@@ -85,8 +85,8 @@ def test_only_implementing_hooks_are_dispatched(tmp_path):
 
 
 class Role(Hook):
-    def __init__(self, role):
-        self.ROLE = role
+    def __init__(self, role, after=(), before=()):
+        self.ROLE, self.RUNS_AFTER, self.RUNS_BEFORE = role, after, before
 
     @property
     def name(self):
@@ -97,7 +97,7 @@ class Role(Hook):
 
 
 def test_constraints_move_hook_just_ahead_of_partner():
-    hooks = [Role('checkpoint'), Role('logger'), Role('x'), Role('ema')]
+    hooks = [Role('checkpoint'), Role('logger', after=('*',)), Role('x'), Role('ema', before=('checkpoint',))]
     assert [h.ROLE for h in apply_constraints(hooks)] == ['ema', 'checkpoint', 'x', 'logger']
 
 
@@ -107,6 +107,7 @@ def test_ema_runs_before_checkpoint_even_when_lowest(tmp_path):
 
     class Ema(Hook):
         ROLE = 'ema'
+        RUNS_BEFORE = ('checkpoint',)
 
         def after_train_iter(self, trainer):
             order.append('ema')
@@ -117,7 +118,8 @@ def test_ema_runs_before_checkpoint_even_when_lowest(tmp_path):
         def after_train_iter(self, trainer):
             order.append('checkpoint')
     trainer.register_hook(Ckpt(), priority='NORMAL')
-    trainer.register_hook(Ema(), priority='LOWEST')
+    with pytest.warns(HookOrderWarning, match=r'Ema \(priority LOWEST\) runs before Ckpt \(priority NORMAL\)'):
+        trainer.register_hook(Ema(), priority='LOWEST')
     trainer.train()
     assert order == ['ema', 'checkpoint']
     assert 'Ema' in trainer.hook_order_table().split('after_train_iter:')[1].split('Ckpt')[0]

@@ -19,16 +19,17 @@ def two_runs(tmp_path_factory):
 
 def test_plot_writes_a_png_with_one_line_per_run_and_key(two_runs, tmp_path):
     pytest.importorskip('matplotlib', reason='matplotlib is not installed')
-    from hookloop.commands.plot import curve, plot, read_json_log
+    from hookloop.commands.plot import curve, plot, read_json_logs
     out = tmp_path / 'curves.png'
     assert main(['plot', *map(str, two_runs), '--keys', 'loss,lr,mse', '-o', str(out)]) == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
     import matplotlib.image
     height, width = matplotlib.image.imread(str(out)).shape[:2]
     assert (width, height) == (700, 780)  # 3 panels of 7 x 2.6 inches at 100 dpi
-    drawn = plot(list(map(str, two_runs)), ['loss', 'val/mse'], str(tmp_path / 'b.png'))
+    drawn, notes = plot(list(map(str, two_runs)), ['loss', 'val/mse'], str(tmp_path / 'b.png'))
     assert drawn == [('loss', 'lr_0.05'), ('loss', 'lr_0.01'), ('val/mse', 'lr_0.05'), ('val/mse', 'lr_0.01')]
-    steps, values, mode = curve(read_json_log(str(two_runs[1]))[1], 'lr')
+    assert notes == []
+    steps, values, mode = curve(read_json_logs(str(two_runs[1]))[0], 'lr')
     assert mode == 'train' and steps == list(range(2, 21, 2)) and set(values) == {0.01}
 
 

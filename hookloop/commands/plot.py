@@ -1,7 +1,8 @@
 """``hookloop plot WORK_DIR [WORK_DIR ...] [--keys loss,lr] -o curves.png``: curves from JSON logs.
 
 One panel per key, one line per work dir (several runs overlaid), x = iterations
-completed. Training values are lines; a key that only validation logs (or
+completed. A work dir's JSON logs are stitched in order (a resumed run is one curve); files
+that could not be used are named, with the reason. Training values are lines; a key that only validation logs (or
 ``val/<key>``) is drawn from the validation records, with markers.
 """
 import argparse
@@ -12,15 +13,7 @@ import os
 from ..errors import ConfigError
 
 
-def read_json_log(work_dir):
-    """The records of the newest ``*.log.json`` in ``work_dir`` (or the file itself)."""
-    if os.path.isfile(work_dir):
-        path = work_dir
-    else:
-        paths = sorted(glob.glob(os.path.join(work_dir, '*.log.json')))
-        if not paths:
-            raise ConfigError(f'hookloop plot: no *.log.json in {work_dir!r} (is it a work dir?)')
-        path = paths[-1]
+def _read_lines(path):
     records = []
     with open(path, encoding='utf-8') as f:
         for number, line in enumerate(f, 1):
@@ -29,8 +22,39 @@ def read_json_log(work_dir):
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                raise ConfigError(f'hookloop plot: {path}:{number} is not a JSON line') from None
-    return path, records
+                raise ValueError(f'line {number} is not JSON') from None
+    return records
+
+
+def read_json_logs(work_dir):
+    """``(records, skipped)``: the records of every ``*.log.json`` of ``work_dir`` (or of the
+    one file given) in the order the runs wrote them (file names are run timestamps), so a
+    resumed run continues the curve of the run before it; ``skipped`` lists
+    ``(path, why)`` for files that were not used."""
+    if os.path.isfile(work_dir):
+        paths = [work_dir]
+    else:
+        paths = sorted(glob.glob(os.path.join(work_dir, '*.log.json')))
+        if not paths:
+            raise ConfigError(f'hookloop plot: no *.log.json in {work_dir!r} (is it a work dir?)')
+    records, skipped = [], []
+    for path in paths:
+        try:
+            found = _read_lines(path)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            if len(paths) == 1:
+                raise ConfigError(f'hookloop plot: {path}: {exc}') from None
+            skipped.append((path, str(exc)))
+            continue
+        events = [r for r in found if isinstance(r, dict) and r.get('mode') in ('train', 'val')]
+        if not events:
+            skipped.append((path, 'no train or val records (a run that logged nothing)'))
+        records += events
+    # A run resumed from an earlier checkpoint logs some iterations again: the later run wins.
+    latest = {}
+    for record in records:
+        latest[(record['mode'], record.get('iter'))] = record
+    return sorted(latest.values(), key=lambda r: (r.get('iter', 0), r['mode'] != 'train')), skipped
 
 
 def curve(records, key):
@@ -49,7 +73,11 @@ def plot(work_dirs, keys, output, title=None):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    runs = [(os.path.basename(os.path.normpath(d)) or d, read_json_log(d)) for d in work_dirs]
+    runs, notes = [], []
+    for directory in work_dirs:
+        records, skipped = read_json_logs(directory)
+        runs.append((os.path.basename(os.path.normpath(directory)) or directory, (None, records)))
+        notes += [f'skipped {path}: {why}' for path, why in skipped]
     for key in keys:
         if not any(curve(records, key) for _, (_, records) in runs):
             known = sorted({k if r['mode'] == 'train' else f'val/{k}' for _, (_, records) in runs
@@ -57,6 +85,8 @@ def plot(work_dirs, keys, output, title=None):
                             for k, v in r.items() if isinstance(v, (int, float)) and k not in
                             ('epoch', 'iter', 'inner_iter')})
             raise ConfigError(f'hookloop plot: no run logs {key!r}; logged keys: {", ".join(known) or "none"}')
+        notes += [f'{directory}: no {key!r} logged, not drawn in that panel'
+                  for directory, (_, (_, records)) in zip(work_dirs, runs) if curve(records, key) is None]
     figure, axes = plt.subplots(len(keys), 1, figsize=(7, 2.6 * len(keys)), sharex=True, squeeze=False)
     drawn = []
     for axis, key in zip(axes[:, 0], keys):
@@ -80,7 +110,7 @@ def plot(work_dirs, keys, output, title=None):
         raise ConfigError(f'hookloop plot: the output directory {directory!r} does not exist')
     figure.savefig(output, dpi=100)
     plt.close(figure)
-    return drawn
+    return drawn, notes
 
 
 def _run(args):
@@ -91,7 +121,9 @@ def _run(args):
         import matplotlib  # noqa: F401
     except ImportError:
         raise ConfigError('hookloop plot needs matplotlib: pip install matplotlib') from None
-    plot(args.work_dirs, keys, args.output, args.title)
+    _, notes = plot(args.work_dirs, keys, args.output, args.title)
+    for note in notes:
+        print(f'hookloop plot: {note}')
     print(f'wrote {args.output}')
     return 0
 
@@ -99,7 +131,7 @@ def _run(args):
 def register(subparsers):
     parser = subparsers.add_parser('plot', help='draw training curves from the JSON logs of work dirs')
     parser.add_argument('work_dirs', nargs='+', metavar='WORK_DIR',
-                        help='work dirs (their newest *.log.json) or .log.json files; several are overlaid')
+                        help='work dirs (all their *.log.json, stitched in order) or .log.json files; several are overlaid')
     parser.add_argument('--keys', default='loss',
                         help="comma-separated metrics, e.g. loss,lr,val/mse (default: loss)")
     parser.add_argument('-o', '--output', default='curves.png', help='the image to write (default: curves.png)')

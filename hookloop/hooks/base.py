@@ -8,11 +8,13 @@ val iterations.
 from ..priority import Priority
 
 # The stages in the order a run meets them; checkpoint stages take the checkpoint dict.
+# ``setup`` runs once per trainer and hook (see Hook.setup), the others at every train().
+SETUP_STAGE = 'setup'
 TRAIN_STAGES = ('before_run', 'before_train_epoch', 'before_train_iter', 'after_train_iter',
                 'after_train_epoch', 'after_run')
 VAL_STAGES = ('before_val_epoch', 'before_val_iter', 'after_val_iter', 'after_val_epoch')
 CHECKPOINT_STAGES = ('before_save_checkpoint', 'after_load_checkpoint')
-STAGES = TRAIN_STAGES[:4] + VAL_STAGES + TRAIN_STAGES[4:] + CHECKPOINT_STAGES
+STAGES = (SETUP_STAGE,) + TRAIN_STAGES[:4] + VAL_STAGES + TRAIN_STAGES[4:] + CHECKPOINT_STAGES
 
 # Specific stage -> the generic MMCV stage it falls back to.
 GENERIC_STAGE = {
@@ -31,12 +33,29 @@ class Hook:
       ``ROLE``      what the hook does (``'optimizer'``, ``'lr'``, ``'ema'``,
                     ``'checkpoint'``, ``'logger'``, ...); ordering constraints and the
                     default hooks are expressed in roles (see ``hookloop.hooks.order``);
-      ``EXCLUSIVE`` True when at most one hook of this role may be registered.
+      ``EXCLUSIVE`` True when at most one hook of this role may be registered;
+      ``RUNS_AFTER`` / ``RUNS_BEFORE``  roles this hook's role must follow / precede in
+                    every stage both implement, whatever the priorities (``'*'`` in
+                    ``RUNS_AFTER``: every other role). A user priority that contradicts
+                    them is warned about at registration; the dependency wins.
+
+    Life cycle: ``setup`` once per trainer (the first ``train()``/``val()`` that meets
+    the hook), then per ``train()``: ``before_run`` ... ``after_run`` (docs/hooks.md).
     """
 
     PRIORITY = Priority.NORMAL
     ROLE = None
     EXCLUSIVE = False
+    RUNS_AFTER = ()
+    RUNS_BEFORE = ()
+
+    # -- once per trainer ------------------------------------------------------------
+    def setup(self, trainer):
+        """Build what depends on the model and optimizer (EMA averages, the GradScaler).
+
+        Called once per trainer, before the first ``before_run`` (or validation) this hook
+        takes part in; a later ``train()`` (after a stop) keeps what was built here.
+        """
 
     # -- generic stages (MMCV) -------------------------------------------------------
     def before_epoch(self, trainer):

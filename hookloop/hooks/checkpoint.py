@@ -41,6 +41,7 @@ class CheckpointHook(Hook):
 
     PRIORITY = Priority.NORMAL
     ROLE = 'checkpoint'
+    RUNS_AFTER = ('optimizer',)
 
     def __init__(self, interval=-1, by_epoch=True, save_optimizer=True, out_dir=None, max_keep_ckpts=-1,
                  save_last=True, save_best=None, rule=None, export_safetensors=False):
@@ -58,7 +59,6 @@ class CheckpointHook(Hook):
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
         self.saved = []          # interval checkpoints (absolute paths), oldest first
-        self._capture = None     # set while this hook saves: receives the checkpoint dict
 
     # -- stages ------------------------------------------------------------------------------
     def before_run(self, trainer):
@@ -99,21 +99,13 @@ class CheckpointHook(Hook):
         directories = [d for d in (getattr(self, 'directory', None), getattr(self, '_work_dir', None)) if d]
         return any(inside(path, d) for d in directories)
 
-    def before_save_checkpoint(self, trainer, checkpoint):
-        # EMA and other hooks run earlier in this stage (ordering constraint), so the
-        # dict already holds their entries (``ema_state_dict``) when we look.
-        if self._capture is not None:
-            self._capture.append(checkpoint)
-
     # -- saving ----------------------------------------------------------------------------
     def _write(self, trainer, path, update_last):
-        self._capture = []
-        try:
-            trainer.save_checkpoint(path, save_optimizer=self.save_optimizer, update_last=update_last)
-            checkpoint = self._capture[0] if self._capture else None
-        finally:
-            self._capture = None
-        if self.export is not None and trainer.rank == 0 and checkpoint is not None:
+        # build_checkpoint returns the dict every hook has added its entries to
+        # (``ema_state_dict``), which the safetensors export reads.
+        checkpoint = trainer.build_checkpoint(save_optimizer=self.save_optimizer)
+        trainer.write_checkpoint(checkpoint, path, update_last=update_last)
+        if self.export is not None and trainer.rank == 0:
             key = 'state_dict' if self.export == 'model' else 'ema_state_dict'
             if key not in checkpoint:
                 raise CheckpointError(f"CheckpointHook export_safetensors='ema': the checkpoint has no "
@@ -150,6 +142,9 @@ class CheckpointHook(Hook):
         if self.best is not None:
             self.best.update(trainer, self.directory, filename,
                              lambda path: self._write(trainer, path, update_last=False))
+
+    def run_summary(self, trainer):
+        return self.best.run_summary(trainer) if self.best is not None else {}
 
     # -- state -------------------------------------------------------------------------------
     # Paths are stored relative to the work dir, so a copied or moved work dir deletes its

@@ -8,7 +8,12 @@ from .base import Hook
 
 
 def ema_momentum(momentum, warm_up, step):
-    """MMCV's momentum at (0-based) iteration ``step``: ``min(momentum, (1 + step) / (warm_up + step))``."""
+    """MMCV's momentum at (0-based) iteration ``step``: ``min(momentum, (1 + step) / (warm_up + step))``.
+
+    With ``warm_up=0`` the ratio is above 1 from step 1 on, and unbounded at step 0:
+    ``momentum`` throughout (no warm-up)."""
+    if warm_up + step == 0:
+        return momentum
     return min(momentum, (1 + step) / (warm_up + step))
 
 
@@ -27,19 +32,22 @@ class EMAHook(Hook):
         m = min(momentum ** interval, (1 + t) / (warm_up + t))
         ema = (1 - m) * ema + m * parameter
 
-    as MMCV's ``EMAHook`` does. The averages start as a copy of the parameters at the
-    start of the run. Unlike MMCV, they are not added to the model as buffers: the model's
+    as MMCV's ``EMAHook`` does. The averages start as a copy of the parameters when the
+    hook is set up (once per trainer, so ``train()`` again after a stop continues them);
+    resuming from a checkpoint without this hook's state starts them from the resumed
+    weights. Unlike MMCV, they are not added to the model as buffers: the model's
     ``state_dict`` keeps its own keys, and checkpoints carry the averages twice: in this
     hook's state (for resume) and as a top-level ``ema_state_dict`` with the keys of
     ``model.state_dict()`` (parameters averaged, buffers as in the model).
 
     The hook acts after the optimizer step and before evaluation and checkpoint hooks in
-    every stage, whatever ``priority`` it is given: ``hooks/order.py`` enforces it.
+    every stage, whatever ``priority`` it is given (``RUNS_AFTER``/``RUNS_BEFORE``).
+    Tied parameters (one tensor under two names) share one average, under both names.
 
     Args:
         momentum: weight of the new parameter value, in (0, 1).
         interval: update every ``interval`` iterations.
-        warm_up: the ``warm_up`` of the momentum formula above.
+        warm_up: the ``warm_up`` of the momentum formula above (0: no warm-up).
         resume_from: a checkpoint to resume the whole run from at the start of the run (as in
             MMCV); the trainer's ``resume_from``/``auto_resume`` does the same and is preferred.
         swap: evaluate with the averaged weights: they are swapped into the model for each
@@ -48,29 +56,47 @@ class EMAHook(Hook):
 
     PRIORITY = Priority.NORMAL
     ROLE = 'ema'
+    RUNS_AFTER = ('optimizer',)  # the average takes in this iteration's step
+    RUNS_BEFORE = ('evaluation', 'checkpoint')  # evaluation may swap the averages in; checkpoints hold them
 
     def __init__(self, momentum=0.0002, interval=1, warm_up=100, resume_from=None, swap=False):
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 < momentum < 1:
             raise ConfigError(f'EMAHook momentum must be a number in (0, 1), got {momentum!r}')
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ConfigError(f'EMAHook interval must be a positive int, got {interval!r}')
-        if isinstance(warm_up, bool) or not isinstance(warm_up, (int, float)) or warm_up < 1:
-            raise ConfigError(f'EMAHook warm_up must be a number >= 1, got {warm_up!r}')
+        if isinstance(warm_up, bool) or not isinstance(warm_up, (int, float)) or warm_up < 0:
+            raise ConfigError(f'EMAHook warm_up must be a number >= 0, got {warm_up!r}')
         if resume_from is not None and not isinstance(resume_from, str):
             raise ConfigError(f'EMAHook resume_from must be a checkpoint path, got {resume_from!r}')
         self.momentum = momentum ** interval
         self.interval, self.warm_up, self.resume_from, self.swap = interval, warm_up, resume_from, swap
         self.averages = None  # parameter name -> averaged tensor
         self._swapped = False
+        self._resumed = False
 
-    def before_run(self, trainer):
+    def setup(self, trainer):
         self._model = trainer.model
-        self._parameters = dict(trainer.model.named_parameters())
+        self._parameters = dict(trainer.model.named_parameters())  # tied parameters appear once
+        loaded = self.averages  # a state loaded before set-up
         self.averages = {name: p.detach().clone() for name, p in self._parameters.items()}
         # Fixed pairs: loading a checkpoint copies into these tensors, it never replaces them.
         self._pairs = ([self.averages[n] for n in self._parameters], list(self._parameters.values()))
-        if self.resume_from is not None:
+        if loaded is not None:
+            self.load_state_dict({'averages': loaded})
+
+    def before_run(self, trainer):
+        if self.resume_from is not None and not self._resumed:  # once: not again after a stop
+            self._resumed = True
             trainer.resume(self.resume_from)
+
+    def after_load_checkpoint(self, trainer, checkpoint):
+        if self.name not in checkpoint.get('hooks', {}):  # a checkpoint saved without this hook
+            self._restart_from_weights()
+
+    @torch.no_grad()
+    def _restart_from_weights(self):
+        for average, parameter in zip(*self._pairs):
+            average.copy_(parameter)
 
     def after_train_iter(self, trainer):
         step = trainer.iter
@@ -110,12 +136,14 @@ class EMAHook(Hook):
 
     def ema_state_dict(self):
         """The averaged weights under the keys of ``model.state_dict()``; buffers (e.g.
-        BatchNorm statistics) are copied from the model as they are."""
-        if self.averages is None:
+        BatchNorm statistics) are copied from the model as they are. Keys are matched to
+        parameters by tensor identity, so every name of a tied weight gets its average."""
+        if self.averages is None or not hasattr(self, '_parameters'):
             raise ConfigError('EMAHook.ema_state_dict(): no averages yet (the run has not started)')
         averages = self._current_averages()
-        return {key: (averages[key] if key in averages else value).detach().clone()
-                for key, value in self._model.state_dict().items()}
+        by_tensor = {id(parameter): averages[name] for name, parameter in self._parameters.items()}
+        return {key: by_tensor.get(id(value), value).detach().clone()
+                for key, value in self._model.state_dict(keep_vars=True).items()}
 
     def before_save_checkpoint(self, trainer, checkpoint):
         checkpoint['ema_state_dict'] = self.ema_state_dict()

@@ -15,7 +15,9 @@ class EvaluationHook(Hook):
     Args:
         interval: how often to evaluate.
         by_epoch: count ``interval`` in epochs (True) or iterations.
-        start: evaluate only from this epoch / iteration count on.
+        start: evaluate only from this epoch / iteration count on; as in MMCV, when a run
+            begins (also a resumed one) at or past ``start``, it first evaluates once before
+            training, if the count it begins at is due.
         save_best, rule: as MMCV's ``EvalHook``: keep the checkpoint with the best value of
             this metric in the work dir (see ``CheckpointHook(save_best=...)``, which does
             the same and can put it in ``out_dir``).
@@ -23,6 +25,8 @@ class EvaluationHook(Hook):
 
     PRIORITY = Priority.LOW
     ROLE = 'evaluation'
+    RUNS_AFTER = ('optimizer',)
+    RUNS_BEFORE = ('checkpoint',)  # save_best needs this round's metric
 
     def __init__(self, interval=1, by_epoch=True, start=None, save_best=None, rule=None):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
@@ -31,6 +35,7 @@ class EvaluationHook(Hook):
             raise ConfigError(f'EvaluationHook start must be None or an int >= 0, got {start!r}')
         self.interval, self.by_epoch, self.start = interval, by_epoch, start
         self.best = BestCheckpoint('EvaluationHook', save_best, rule) if save_best is not None else None
+        self._initial = start is not None  # MMCV's initial_flag: the evaluation before training
 
     def _due(self, completed, is_last):
         if self.start is None:
@@ -38,6 +43,16 @@ class EvaluationHook(Hook):
         if completed < self.start:
             return False
         return (completed - self.start) % self.interval == 0 or is_last  # MMCV: start, start + interval, ...
+
+    def before_train_epoch(self, trainer):
+        if not self._initial:
+            return
+        self._initial = False
+        current = trainer.epoch if self.by_epoch else trainer.iter
+        # MMCV calls its after_train_* check with the counter the run begins at.
+        if current >= self.start and self._due(current + 1, False):
+            trainer.val()
+            self._keep_best(trainer, f'epoch_{trainer.epoch}.pth' if self.by_epoch else f'iter_{trainer.iter}.pth')
 
     def after_train_epoch(self, trainer):
         if self.by_epoch and self._due(trainer.epoch + 1, self.is_last_epoch(trainer)):
@@ -53,6 +68,9 @@ class EvaluationHook(Hook):
         if self.best is not None:
             self.best.update(trainer, trainer.work_dir, filename,
                              lambda path: trainer.save_checkpoint(path, update_last=False))
+
+    def run_summary(self, trainer):
+        return self.best.run_summary(trainer) if self.best is not None else {}
 
     def state_dict(self):
         return self.best.state_dict() if self.best is not None else {}

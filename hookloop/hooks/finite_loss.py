@@ -37,6 +37,7 @@ def non_finite_losses(summary):
 class FiniteLossGuard(Hook):
     PRIORITY = Priority.VERY_LOW
     ROLE = 'invalid_loss'
+    RUNS_BEFORE = ('optimizer',)  # a bad loss seen at a log event stops the run before the next step
 
     def __init__(self):
         self._mark = self._checked = None

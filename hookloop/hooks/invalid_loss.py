@@ -1,16 +1,17 @@
 """Catch a NaN/Inf loss before it reaches the weights, and decide what happens then.
 
-Role ``'invalid_loss'``: in every stage it runs before the optimizer hook, whatever the
-priorities (``hooks/order.py``), so the step of the bad iteration has not happened yet.
+Role ``'invalid_loss'``, declared to run before the optimizer hook in every stage, whatever
+the priorities (``RUNS_BEFORE``), so the step of the bad iteration has not happened yet.
 
 Policies (``on_invalid``):
 
 * ``'raise'`` (MMCV's behaviour): every ``interval`` iterations, look at the losses and
   raise ``InvalidLossError`` naming the iteration, the keys and the values. Costs one host
   sync per ``interval`` iterations; a bad loss between two checks is not seen.
-* ``'skip'``: look every iteration; on a bad loss set ``trainer.skip_step = True``, which the
-  optimizer hook honours by not back-propagating it and ending the accumulation window that
-  holds it without a step (its gradients are discarded).
+* ``'skip'``: look every iteration; on a bad loss call ``trainer.step.skip(reason)``, which
+  the optimizer hook honours by not back-propagating it and ending the accumulation window
+  that holds it without a step (its gradients are discarded); the trainer frees the
+  iteration's graph at the end of the iteration, before the next forward.
 * ``'rollback'``: as ``skip``, and first restore the model and optimizer state from the last
   good snapshot kept in memory. A snapshot (a copy of the model's and the optimizer's state
   on their device) is taken before the first iteration and then every ``interval``
@@ -43,6 +44,7 @@ class CheckInvalidLossHook(Hook):
 
     PRIORITY = Priority.VERY_LOW
     ROLE = 'invalid_loss'
+    RUNS_BEFORE = ('optimizer',)  # a bad loss is caught before it reaches the weights
 
     def __init__(self, interval=50, on_invalid='raise', loss_keys=None):
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
@@ -107,7 +109,7 @@ class CheckInvalidLossHook(Hook):
                                    'before iteration %d and dropped this update', where, values, good_iter + 1)
         else:
             trainer.logger.warning('loss is not finite at %s: %s; dropped this update', where, values)
-        trainer.skip_step = True
+        trainer.step.skip(f'loss is not finite at {where}')
 
 
 def _show(value):

@@ -27,6 +27,7 @@ class LrUpdaterHook(ParamScheduleHook):
 
     PRIORITY = Priority.VERY_HIGH
     ROLE = 'lr'
+    RUNS_BEFORE = ('optimizer',)  # the step uses this iteration's learning rate
     VALUE_NAME = 'lr'
     WARMUP_RATIO = 0.1
 

@@ -28,6 +28,7 @@ class MomentumUpdaterHook(ParamScheduleHook):
 
     PRIORITY = Priority.HIGH
     ROLE = 'momentum'
+    RUNS_BEFORE = ('optimizer',)
     VALUE_NAME = 'momentum'
     WARMUP_RATIO = 0.9
 

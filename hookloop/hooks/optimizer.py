@@ -10,11 +10,16 @@ windows of N starting at ``inner_iter`` 0; the last window of an epoch holds wha
 (``min(N, epoch_length - start)``). Every loss is divided by the size of its window and the
 optimizer steps at the window's last iteration, so every epoch ends fully stepped.
 
-A hook that wants this iteration's update dropped (``CheckInvalidLossHook``) sets
-``trainer.skip_step = True`` in ``after_train_iter`` before this hook runs: the loss is not
-back-propagated and the whole window it belongs to ends without a step (gradients of the
-window are discarded), like a ``GradScaler`` step with inf/NaN gradients. The hook clears
-the flag after every iteration.
+A hook that wants this iteration's update dropped (``CheckInvalidLossHook``) calls
+``trainer.step.skip(reason)`` in ``after_train_iter`` before this hook runs (it declares
+``RUNS_BEFORE = ('optimizer',)``): the loss is not back-propagated and the whole window it
+belongs to ends without a step (gradients of the window are discarded), like a ``GradScaler``
+step with inf/NaN gradients. The trainer clears the decision before every iteration.
+
+What this hook publishes (``hookloop/step.py``): ``trainer.step.forward_context`` and
+``trainer.step.window`` each iteration, ``trainer.step.val_forward_context`` at set-up.
+Set-up (the GradScaler, autocast, zeroed gradients) happens once per trainer, so a second
+``train()`` after a stop keeps the scaler and a half-done accumulation window.
 """
 import contextlib
 import math
@@ -109,11 +114,11 @@ class OptimizerProcessor:
     """Does backward and the optimizer step. Swap it with ``OptimizerHook.set_processor``
     to change how a step is made without copying the hook.
 
-    The API a replacement implements: ``initialize_optimizer(trainer)`` (before_run),
-    ``before_forward(trainer, cumulative_iters)`` (before_train_iter; may set
-    ``trainer.forward_context``),
+    The API a replacement implements: ``initialize_optimizer(trainer)`` (the hook's
+    ``setup``, once per trainer), ``before_forward(trainer, cumulative_iters)``
+    (before_train_iter; sets ``trainer.step.forward_context`` and ``trainer.step.window``),
     ``backward(trainer, loss_keys, cumulative_iters, grad_clip)`` (after_train_iter; must
-    honour ``trainer.skip_step``), and optionally ``state_dict()``/``load_state_dict()``.
+    honour ``trainer.step.skipped``), and optionally ``state_dict()``/``load_state_dict()``.
 
     Args:
         precision: None/'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast).
@@ -149,7 +154,7 @@ class OptimizerProcessor:
         elif self.precision == 'bf16':
             autocast = autocast_factory(trainer.device, 'bf16')
         if autocast is not None:
-            trainer.val_forward_context = autocast
+            trainer.step.val_forward_context = autocast
         self._contexts = self._forward_contexts(trainer.wrapped_model, autocast)
         self._ddp = isinstance(trainer.wrapped_model, torch.nn.parallel.DistributedDataParallel) and \
             torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
@@ -188,12 +193,13 @@ class OptimizerProcessor:
 
     # -- the step --------------------------------------------------------------------------
     def before_forward(self, trainer, cumulative_iters=1):
-        end = is_window_end(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
-        trainer.forward_context = self._contexts[end]
+        step = trainer.step
+        step.window = start, size = accumulation_window(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
+        step.forward_context = self._contexts[trainer.inner_iter == start + size - 1]
 
     def backward(self, trainer, loss_keys, cumulative_iters, grad_clip):
-        start, size = accumulation_window(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
-        if getattr(trainer, 'skip_step', False):
+        start, size = trainer.step.window
+        if trainer.step.skip_reason is not None:
             self._skip_window = True
         if not self._skip_window:
             loss = total_loss(trainer.outputs, loss_keys)
@@ -313,6 +319,7 @@ class OptimizerHook(Hook):
     PRIORITY = Priority.ABOVE_NORMAL
     ROLE = 'optimizer'
     EXCLUSIVE = True
+    RUNS_BEFORE = ('checkpoint', 'evaluation')  # what is evaluated and saved is the stepped model
 
     def __init__(self, grad_clip=None, cumulative_iters=1, loss_keys='loss', detect_anomalous_params=False,
                  precision=None, loss_scale=None):
@@ -341,17 +348,14 @@ class OptimizerHook(Hook):
         """Replace the object that does backward and step (see :class:`OptimizerProcessor`)."""
         self.processor = processor
 
-    def before_run(self, trainer):
+    def setup(self, trainer):
         self.processor.initialize_optimizer(trainer)
 
     def before_train_iter(self, trainer):
         self.processor.before_forward(trainer, self.cumulative_iters)
 
     def after_train_iter(self, trainer):
-        try:
-            self.processor.backward(trainer, self.loss_keys, self.cumulative_iters, self.grad_clip)
-        finally:
-            trainer.skip_step = False
+        self.processor.backward(trainer, self.loss_keys, self.cumulative_iters, self.grad_clip)
 
     def state_dict(self):
         return self.processor.state_dict() if hasattr(self.processor, 'state_dict') else {}

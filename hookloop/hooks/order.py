@@ -1,25 +1,19 @@
-"""Hook ordering: sort by priority, then apply the declared constraints per stage.
+"""Hook ordering: sort by priority, then apply the dependencies hook classes declare.
 
-Both steps are pure functions of the hooks, so they are tested without a trainer.
+A hook class declares ``RUNS_AFTER`` / ``RUNS_BEFORE`` as roles; in every stage two hooks
+both implement, a declared dependency wins over the priorities (the dependent hook is moved
+just ahead of its partner). Everything here is a pure function of the hooks, tested without
+a trainer.
 """
+import warnings
+
 from ..errors import ConfigError
+from ..priority import Priority
 from .base import STAGES, overrides
 
-# (earlier role, later role): in any stage both implement, every hook of the earlier
-# role runs before the first hook of the later role, whatever their priorities.
-# '*' stands for every role other than the later one.
-ORDER_CONSTRAINTS = (
-    ('lr', 'optimizer'),            # the step uses this iteration's learning rate
-    ('momentum', 'optimizer'),
-    ('invalid_loss', 'optimizer'),  # a bad loss is caught before it reaches the weights
-    ('optimizer', 'ema'),           # the average takes in this iteration's step
-    ('optimizer', 'evaluation'),    # what is evaluated and saved is the stepped model
-    ('optimizer', 'checkpoint'),
-    ('ema', 'evaluation'),          # evaluation may use the averaged weights
-    ('ema', 'checkpoint'),          # the checkpoint holds the up-to-date average
-    ('evaluation', 'checkpoint'),   # save_best needs this round's metric
-    ('*', 'logger'),                # loggers see everything the other hooks produced
-)
+
+class HookOrderWarning(UserWarning):
+    """A priority given by the user contradicts a dependency a hook class declares."""
 
 
 def role_of(hook):
@@ -32,18 +26,44 @@ def sort_by_priority(entries):
     return [hook for _, _, hook in sorted(entries, key=lambda e: (e[0], e[1]))]
 
 
+def declared_constraints(hooks):
+    """``(earlier role, later role)`` pairs the classes of ``hooks`` declare, in a stable order.
+    ``'*'`` as the earlier role stands for every role other than the later one."""
+    pairs = []
+    for hook in hooks:
+        role = role_of(hook)
+        if role is None:
+            continue
+        for other in getattr(hook, 'RUNS_AFTER', ()):
+            pairs.append((other, role))
+        for other in getattr(hook, 'RUNS_BEFORE', ()):
+            pairs.append((role, other))
+    return list(dict.fromkeys(pairs))
+
+
+def must_precede(first, second, constraints):
+    """True when a declared dependency puts ``first`` before ``second``."""
+    early, late = role_of(first), role_of(second)
+    if early is None and late is None:
+        return False
+    return any(b == late and (a == early or (a == '*' and early != late)) for a, b in constraints)
+
+
 def _matches(hook, role, later_role):
     if role == '*':
         return role_of(hook) != later_role
     return role_of(hook) == role
 
 
-def apply_constraints(hooks, constraints=ORDER_CONSTRAINTS):
+def apply_constraints(hooks, constraints=None):
     """Move each constrained hook just ahead of the first hook it must precede.
 
-    Repeats until no constraint is violated; a cycle raises ConfigError.
+    ``constraints`` default to those the hooks declare. Repeats until none is violated;
+    a cycle raises ConfigError.
     """
     hooks = list(hooks)
+    if constraints is None:
+        constraints = declared_constraints(hooks)
     for _ in range(len(hooks) * len(constraints) + 1):
         moved = False
         for early, late in constraints:
@@ -58,25 +78,62 @@ def apply_constraints(hooks, constraints=ORDER_CONSTRAINTS):
                 moved = True
         if not moved:
             return hooks
-    raise ConfigError('hook ordering constraints form a cycle: ' + ', '.join(f'{a}<{b}' for a, b in constraints))
+    raise ConfigError('hook ordering dependencies form a cycle: ' + ', '.join(f'{a}<{b}' for a, b in constraints))
 
 
-def stage_table(hooks, constraints=ORDER_CONSTRAINTS):
+def stage_table(hooks, constraints=None):
     """stage -> the hooks that implement it, in the order they run."""
+    if constraints is None:
+        constraints = declared_constraints(hooks)
     return {stage: apply_constraints([h for h in hooks if overrides(h, stage)], constraints)
             for stage in STAGES}
 
 
+def warn_contradictions(hook, priority, user_set, entries):
+    """Warn when ``hook`` (registered at ``priority``) and an already registered hook are in
+    the opposite order by priority from what a declared dependency says, and one of the two
+    priorities was set by the user (``user_set`` for ``hook``; ``entries`` hold
+    ``(priority, index, hook, user_set)``). Returns the warnings' texts."""
+    texts = []
+    for other_priority, _, other, other_user_set in entries:
+        if not (user_set or other_user_set):
+            continue
+        constraints = declared_constraints([hook, other])
+        for first, first_p, second, second_p in ((hook, priority, other, other_priority),
+                                                 (other, other_priority, hook, priority)):
+            if first_p > second_p and must_precede(first, second, constraints):
+                declarer = first if must_precede(first, second, declared_constraints([first])) else second
+                texts.append(f'{first.name} (priority {priority_label(first_p)}) runs before {second.name} '
+                             f'(priority {priority_label(second_p)}) wherever both act, as '
+                             f'{type(declarer).__name__} declares; the declared dependency wins over the priorities')
+    for text in texts:
+        warnings.warn(text, HookOrderWarning, stacklevel=4)
+    return texts
+
+
+def priority_label(value):
+    return Priority(value).name if value in Priority._value2member_map_ else str(value)
+
+
+def dependencies_of(hook):
+    """``'after optimizer; before checkpoint'`` for the table, or ``''``."""
+    parts = []
+    if getattr(hook, 'RUNS_AFTER', ()):
+        parts.append('after ' + ', '.join('all others' if r == '*' else r for r in hook.RUNS_AFTER))
+    if getattr(hook, 'RUNS_BEFORE', ()):
+        parts.append('before ' + ', '.join(hook.RUNS_BEFORE))
+    return '; '.join(parts)
+
+
 def format_stage_table(table, priority_of):
-    """A readable per-stage listing: ``priority_of(hook)`` gives the number to show."""
-    from ..priority import Priority
+    """A readable per-stage listing: ``priority_of(hook)`` gives the number to show, and each
+    hook's declared dependencies follow its name."""
     lines = []
     for stage, hooks in table.items():
         if not hooks:
             continue
         lines.append(f'{stage}:')
         for hook in hooks:
-            value = priority_of(hook)
-            label = Priority(value).name if value in Priority._value2member_map_ else str(value)
-            lines.append(f'  ({label:<12}) {hook.name}')
+            deps = dependencies_of(hook)
+            lines.append(f'  ({priority_label(priority_of(hook)):<12}) {hook.name}' + (f'  [{deps}]' if deps else ''))
     return '\n'.join(lines)

@@ -68,8 +68,7 @@ class PreemptionHook(Hook):
             # backend, so reading it never waits for a device.
             self._group = dist.new_group(backend='gloo')
         if threading.current_thread() is not threading.main_thread():
-            if not getattr(self, '_default_for_role', False):
-                trainer.logger.warning('PreemptionHook: not in the main thread, signals are not caught')
+            trainer.logger.warning('PreemptionHook: not in the main thread, signals are not caught')
             return
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._on_signal)
@@ -109,7 +108,7 @@ class PreemptionHook(Hook):
                 self._pending.wait()
                 self._pending = None
             if self.stopping and self.save and trainer.exception is None:
-                epoch, it, _ = trainer.checkpoint_position()
+                epoch, it, _ = trainer.position.resume_point()
                 path = trainer.save_checkpoint(f'preempt_iter_{it}.pth')
                 trainer.logger.info('%s: saved %s at epoch %d, iteration %d; continue with --resume auto',
                                     self.received or 'signal on another rank', path, epoch, it)

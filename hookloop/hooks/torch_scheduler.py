@@ -42,6 +42,7 @@ class TorchSchedulerHook(Hook):
 
     PRIORITY = Priority.VERY_HIGH
     ROLE = 'lr'
+    RUNS_BEFORE = ('optimizer',)
 
     def __init__(self, scheduler, by_epoch=True):
         owner = type(self).__name__

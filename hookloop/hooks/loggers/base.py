@@ -74,7 +74,11 @@ class LoggerHook(Hook):
 
     The step of a record is the number of iterations completed (MMCV: with
     ``interval=5`` the steps are 5, 10, ...); validation results carry the step of
-    the training iterations completed when they were computed.
+    the training iterations completed when they were computed, and a validation run
+    from inside a training iteration is logged after that iteration's train record.
+
+    With ``by_epoch`` the averaging window restarts with every epoch (MMCV clears its log
+    buffer there): the ignored tail of one epoch is not averaged into the next one.
 
     Subclasses implement ``open(trainer)`` (rank 0, before training), ``log(trainer,
     record)`` and ``close(trainer)`` (rank 0, on every exit path). A ``record`` is a dict
@@ -84,6 +88,7 @@ class LoggerHook(Hook):
 
     PRIORITY = Priority.VERY_LOW
     ROLE = 'logger'
+    RUNS_AFTER = ('*',)  # loggers see everything the other hooks produced
 
     def __init__(self, interval=10, ignore_last=True, by_epoch=True):
         self.interval = _positive_int(type(self).__name__, 'interval', interval)
@@ -91,6 +96,7 @@ class LoggerHook(Hook):
         self.by_epoch = by_epoch
         self._mark = None
         self._opened = False
+        self._pending = []  # val records waiting for the train record of their iteration
 
     # -- hooks ------------------------------------------------------------------------------
     def before_run(self, trainer):
@@ -100,24 +106,36 @@ class LoggerHook(Hook):
             self.open(trainer)
             self._opened = True
 
+    def before_train_epoch(self, trainer):
+        if self.by_epoch and trainer.inner_iter == 0:  # a new epoch, not a run continuing one
+            self._mark = trainer.meters.mark()
+
     def after_train_iter(self, trainer):
-        if not self.should_log(trainer):
-            return
-        summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
-        self._mark = trainer.meters.mark()
-        if trainer.rank != 0:
-            return
-        self.log(trainer, self.train_record(trainer, summary))
+        if self.should_log(trainer):
+            summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
+            self._mark = trainer.meters.mark()
+            if trainer.rank == 0:
+                self.log(trainer, self.train_record(trainer, summary))
+        if self._pending:
+            for record in self._pending:
+                self.log(trainer, record)
+            self._pending = []
 
     def after_val_epoch(self, trainer):
         if not self._opened:  # rank != 0, or trainer.val() outside a run
             return
-        _, completed, _ = trainer.checkpoint_position()  # right also when run inside after_train_iter
+        _, completed, _ = trainer.position.resume_point()  # right also when run inside after_train_iter
         record = {'mode': 'val', 'epoch': trainer.epoch + 1, 'iter': completed}
         record.update({k: _number(v) for k, v in trainer.metrics.items()})
-        self.log(trainer, record)
+        if trainer.position.in_train_iteration:  # MMCV order: this iteration's train record first
+            self._pending.append(record)
+        else:
+            self.log(trainer, record)
 
     def after_run(self, trainer):
+        for record in self._pending:  # a run that ended inside the iteration (an error)
+            self.log(trainer, record)
+        self._pending = []
         if self._opened:
             self._opened = False
             self.close(trainer)

@@ -59,6 +59,7 @@ class TextLoggerHook(LoggerHook):
         self._wall_start = time.perf_counter()
 
     def before_train_epoch(self, trainer):
+        super().before_train_epoch(trainer)
         if self._start_iter is None:  # the first iteration this process runs (a resume starts later)
             self._start_iter = self._last_iter = trainer.iter
 
@@ -75,6 +76,9 @@ class TextLoggerHook(LoggerHook):
             line = f'{where}  {items}'
         trainer.logger.info(line)
         append_json(self.json_path, record)
+
+    def run_summary(self, trainer):
+        return {'json log': os.path.relpath(self.json_path, trainer.work_dir)} if self.json_path else {}
 
     def eta_seconds(self, trainer, record):
         """Seconds left: the mean logged iteration time (else wall time) x iterations left."""
