@@ -33,7 +33,7 @@ class DeferredFileHandler(logging.Handler):
 
     def __init__(self, path):
         super().__init__()
-        self.path = path
+        self.path = self.baseFilename = path
         self._pending = []
         self._file = None
 

@@ -14,4 +14,5 @@ def check_before_run(trainer):
                               'remove the evaluation config')
         out_dir = getattr(hook, 'out_dir', None)
         if isinstance(out_dir, (str, os.PathLike)):
-            check_can_create_dir(os.path.join(trainer.work_dir, out_dir), f'{hook.name} out_dir')
+            what = f'{hook.name}: log directory' if role_of(hook) == 'logger' else f'{hook.name} out_dir'
+            check_can_create_dir(os.path.join(trainer.work_dir, out_dir), what)

@@ -4,7 +4,6 @@ Hooks contribute lines through ``Hook.run_summary(trainer) -> {label: text}`` (t
 checkpoint hook names the best and the last checkpoint, the text logger its JSON log);
 the trainer adds the counts, the wall time and its own ``.log`` file.
 """
-import logging
 import os
 import time
 
@@ -23,7 +22,7 @@ def summary_items(trainer, start_time, start_iter):
     if last:
         items['last checkpoint'] = os.path.relpath(last, trainer.work_dir)
     logs = [os.path.relpath(h.baseFilename, trainer.work_dir) for h in trainer.logger.handlers
-            if isinstance(h, logging.FileHandler)]
+            if isinstance(getattr(h, 'baseFilename', None), str)]  # the .log is a deferred handler
     if logs:
         items['log files'] = ', '.join(logs + ([items.pop('json log')] if 'json log' in items else []))
     return items

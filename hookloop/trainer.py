@@ -322,7 +322,11 @@ class Trainer:
             self._lock.release()
             raise
         if resume_checkpoint is not None and self._already_complete(resume_checkpoint['meta']):
-            self._lock.release()
+            try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
+                self._setup_hooks()
+                self._restore(resume_path, resume_checkpoint)
+            finally:
+                self._lock.release()
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,

@@ -61,11 +61,14 @@ class CheckpointHook(Hook):
         self.saved = []          # interval checkpoints (absolute paths), oldest first
 
     # -- stages ------------------------------------------------------------------------------
-    def before_run(self, trainer):
+    def setup(self, trainer):
+        # Known before any state is loaded (an EMAHook(resume_from=...) loads in its before_run).
         self._work_dir = trainer.work_dir
         self.directory = os.path.join(trainer.work_dir, self.out_dir) if self.out_dir else trainer.work_dir
         if self.best is not None:
             self.best.bind(self.directory)
+
+    def before_run(self, trainer):
         if trainer.rank == 0:
             os.makedirs(self.directory, exist_ok=True)
             for path in remove_stale_temporaries(self.directory):
