@@ -104,9 +104,11 @@ class PreemptionHook(Hook):
 
     def after_run(self, trainer):
         try:
-            if self._pending is not None:  # every rank started it: finish it together
+            # Every rank started the last all-reduce: finish it together (after an error a
+            # peer may be gone, so do not wait then).
+            if self._pending is not None and trainer.exception is None:
                 self._pending.wait()
-                self._pending = None
+            self._pending = None
             if self.stopping and self.save and trainer.exception is None:
                 epoch, it, _ = trainer.position.resume_point()
                 path = trainer.save_checkpoint(f'preempt_iter_{it}.pth')
