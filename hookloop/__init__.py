@@ -4,6 +4,8 @@ __version__ = '0.1.0'
 from . import hooks  # noqa: E402,F401  (registers the built-in hooks)
 from .amp import auto_fp16, force_fp32  # noqa: E402
 from .config import Config, load_config  # noqa: E402
+from .data import seed_everything  # noqa: E402
+from . import hf_dataset  # noqa: E402,F401  (registers the HFDataset dataset type)
 from .errors import CheckpointError, ConfigError, DataError, HookloopError, InvalidLossError  # noqa: E402
 from .evaluation import Accuracy, TorchMetricEvaluator  # noqa: E402
 from .hooks import Hook  # noqa: E402
@@ -16,4 +18,4 @@ __all__ = ['__version__', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_p
            'TRAINERS', 'OPTIMIZERS', 'MODELS', 'DATASETS', 'METRICS', 'Config', 'load_config', 'Accuracy',
            'TorchMetricEvaluator', 'HookloopError', 'ConfigError', 'CheckpointError', 'InvalidLossError',
            'DataError']
-__all__ += ['auto_fp16', 'force_fp32']
+__all__ += ['auto_fp16', 'force_fp32', 'seed_everything']

@@ -14,7 +14,6 @@
 """
 import math
 import random
-import warnings
 
 import numpy as np
 import torch
@@ -121,7 +120,9 @@ class SeededBatch(list):
 
 
 def seed_everything(seed):
-    """Seed Python's, NumPy's and torch's global generators."""
+    """Seed Python's, NumPy's and torch's global generators (torch's seeds every CUDA device
+    too). Call it before building the model and data, so their initial randomness repeats;
+    it does not make CUDA kernels deterministic (see ``torch.use_deterministic_algorithms``)."""
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
@@ -170,21 +171,25 @@ _KEPT_LOADER_ARGS = ('num_workers', 'collate_fn', 'pin_memory', 'timeout', 'work
                      'pin_memory_device', 'in_order')
 
 
-def make_resumable(loader, seed, rank=0, world_size=1):
+def make_resumable(loader, seed, rank=0, world_size=1, loader_name='train_dataloader'):
     """Rebuild a user's DataLoader around a :class:`ResumableBatchSampler`.
 
     Returns the loader unchanged when it is already resumable or cannot be rebuilt
-    (an IterableDataset, or a custom sampler); the trainer then skips batches on
-    resume by iterating, and says so.
+    (an IterableDataset, a loader with its own ``state_dict``, or a custom sampler); the
+    trainer then resumes it through its state or by fast-forward (``hookloop.data_state``).
     """
     if isinstance(getattr(loader, 'batch_sampler', None), ResumableBatchSampler):
         return loader
-    if isinstance(loader.dataset, IterableDataset):
-        return loader
+    if isinstance(loader.dataset, IterableDataset) or callable(getattr(loader, 'state_dict', None)):
+        return loader  # a stream, or a loader that keeps its own position (StatefulDataLoader)
     batch_sampler = loader.batch_sampler
     if batch_sampler is None or type(batch_sampler) is not BatchSampler:
         return loader
     sampler = batch_sampler.sampler
+    if isinstance(sampler, (RandomSampler, SequentialSampler)) and not hasattr(type(loader.dataset), '__len__'):
+        raise ConfigError(f'{loader_name}: {type(loader.dataset).__name__} is a map-style dataset without __len__, '
+                          f'which its {type(sampler).__name__} needs; give it a __len__, make it an '
+                          'IterableDataset, or pass a sampler of your own')
     if isinstance(sampler, RandomSampler):
         if sampler.replacement or sampler._num_samples is not None:
             return loader
@@ -206,11 +211,24 @@ def make_resumable(loader, seed, rank=0, world_size=1):
     return DataLoader(SeededDataset(loader.dataset), batch_sampler=new_sampler, **kwargs)
 
 
-def skip_batches(iterator, count, loader_name='train_dataloader'):
-    """Fallback resume for loaders that cannot start mid-epoch: load and drop batches."""
-    if count:
-        warnings.warn(f'{loader_name} cannot start mid-epoch (custom sampler or IterableDataset); '
-                      f'loading and discarding {count} batches to resume')
-    for _ in range(count):
-        next(iterator)
-    return iterator
+def set_loader_epoch(loader, seed, epoch, rank=0, start_batch=0):
+    """Prepare ``loader`` for pass ``epoch``, starting at batch ``start_batch``.
+
+    A :class:`ResumableBatchSampler` is moved there directly (and the loader's generator,
+    which seeds the workers, is reseeded from ``(seed, epoch, rank)`` so it never draws from
+    the global RNG). Otherwise ``set_epoch(epoch)`` is called on the sampler
+    (``DistributedSampler``) and on the dataset (an HF ``datasets.IterableDataset`` reshuffles
+    its shards and buffer with it) where they have one; ``start_batch`` is then the caller's
+    business (fast-forward or a loaded ``state_dict``).
+    """
+    sampler = getattr(loader, 'batch_sampler', None)
+    if isinstance(sampler, ResumableBatchSampler):
+        sampler.seed = seed
+        sampler.set_epoch(epoch, start_batch)
+        if loader.generator is None:
+            loader.generator = torch.Generator()
+        loader.generator.manual_seed(mix_seed(seed, epoch, rank, 1))
+        return
+    for owner in (getattr(loader, 'sampler', None), getattr(loader, 'dataset', None)):
+        if callable(getattr(owner, 'set_epoch', None)):
+            owner.set_epoch(epoch)

@@ -16,7 +16,7 @@ import torch
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state, update_pointer
-from .data import ResumableBatchSampler, mix_seed, seed_everything, skip_batches
+from .data import seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
@@ -27,7 +27,8 @@ from .hooks.order import role_of
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
-from .model_step import as_outputs, call_model, check_losses, detach_outputs, move_to_device
+from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
+    move_to_device, sum_loss_terms, val_forward
 from .position import Position
 from .preflight import check_before_run
 from .registry import TRAINERS
@@ -35,6 +36,7 @@ from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epo
                              describe)
 from .resume_search import find_resumable, load_verified
 from .step import StepState
+from .train_stream import TrainStream, dataset_name
 from .work_dir_lock import WorkDirLock
 
 
@@ -58,7 +60,7 @@ def plain(value):
     return repr(value)
 
 
-@TRAINERS.register_module(module_name=['default', 'Trainer'])
+@TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
 class Trainer:
     """Runs training with hooks.
 
@@ -66,14 +68,25 @@ class Trainer:
         model: an ``nn.Module`` or a config dict for the ``MODELS`` registry.
         optimizer: a ``torch.optim.Optimizer`` or a dict such as ``dict(type='AdamW', lr=1e-3)``
             (built over the model's trainable parameters).
-        train_dataloader, val_dataloader: a ``DataLoader`` or a dict
-            ``dict(dataset=..., batch_size=..., shuffle=..., num_workers=...)``. A DataLoader
-            with a standard sampler is rebuilt around a resumable, seedable one.
+        train_dataloader, val_dataloader: a ``DataLoader`` (torchdata's ``StatefulDataLoader``
+            too), any iterable of batches, or a dict ``dict(dataset=..., batch_size=...,
+            shuffle=..., num_workers=...)``. A DataLoader with a standard sampler is rebuilt
+            around a resumable, seedable one; streams resume through their ``state_dict`` or
+            by fast-forward (``docs/data.md``).
         val_evaluator: an object with ``reset/update/compute``, a ``torchmetrics.Metric``, a
             function ``(outputs, batch) -> dict`` or a dict such as ``dict(type='Accuracy')``.
-        max_epochs, max_iters: exactly one of them. With ``max_iters`` the loader is cycled.
+        max_epochs, max_iters: exactly one of them. With ``max_iters`` the loader is cycled
+            (a new pass, with ``set_epoch``, whenever one ends).
+        iters_per_epoch: the iterations of an epoch, for a train loader without a length
+            (required with ``max_epochs`` then); the data continues across epochs. ``None``:
+            the loader's length, or for a stream in a ``max_iters`` run, all of it.
         work_dir: where logs and checkpoints go (created).
-        seed: the run's seed; ``None`` draws one (logged and stored in checkpoints).
+        seed: the run's seed; ``None`` draws one (logged and stored in checkpoints). The
+            trainer seeds Python's, NumPy's and torch's global RNGs with it when it is built,
+            and derives the data order and the per-batch worker seeds of hookloop's sampler
+            from it. It cannot reach what was built before: a model (its initial weights)
+            or a loader made before the ``Trainer`` — call ``hookloop.seed_everything(seed)``
+            first for those. CUDA kernels' own nondeterminism is not covered either.
         device: ``'cpu'``, ``'cuda'``, ... ; ``None`` picks CUDA when available.
         loss_fn: ``loss_fn(outputs, batch)`` turning a plain model's outputs into a loss.
         lr_config, optimizer_config, checkpoint_config, log_config, momentum_config,
@@ -82,6 +95,7 @@ class Trainer:
         resume_from: a checkpoint path to continue from exactly, or ``'auto'``.
         auto_resume: continue from ``<work_dir>/last_checkpoint`` when it exists.
         load_from: a checkpoint whose model weights initialise a fresh run.
+        revise_keys: ``[(regex, replacement), ...]`` applied to the keys of ``load_from`` weights.
         custom_imports: modules to import first (they register models, datasets, hooks).
         cfg: the config this trainer was built from, stored in checkpoint metadata.
         launcher: ``'auto'`` joins the torchrun job the environment describes, ``'pytorch'``
@@ -92,6 +106,8 @@ class Trainer:
         find_unused_parameters: passed to ``DistributedDataParallel``.
         resume_policy: ``None`` (a resume whose batches per epoch changed mid-epoch is
             refused) or ``'restart_epoch'`` (such a resume continues from the next epoch).
+        **mmcv_keys: MMCV 1.x config keys (``runner``, ``data``, ``workflow``, ``fp16``, ...), translated
+            by :mod:`hookloop.compat.mmcv_config`; other names are refused, with "did you mean".
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -100,7 +116,17 @@ class Trainer:
                  momentum_config=None, timer_config=None, custom_hooks=None, evaluation=None,
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
-                 find_unused_parameters=False, profile_hooks=False, resume_policy=None):
+                 find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
+                 resume_policy=None, **mmcv_keys):
+        arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
+        arguments.update(mmcv_keys)
+        from .compat.mmcv_config import needs_translation, translate
+        if needs_translation(arguments) or mmcv_keys:  # MMCV 1.x keys (runner=, data=, ...): hookloop's names
+            arguments, notes = translate(arguments, Trainer)
+            Trainer.__init__(self, **arguments)
+            for note in notes:
+                self.logger.info(note)
+            return
         for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
             try:
                 importlib.import_module(module)
@@ -108,6 +134,7 @@ class Trainer:
                 raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
         self.max_epochs = _positive_int('max_epochs', max_epochs)
         self.max_iters = _positive_int('max_iters', max_iters)
+        self._given_iters_per_epoch = _positive_int('iters_per_epoch', iters_per_epoch)
         if train_dataloader is not None and (max_epochs is None) == (max_iters is None):
             raise ConfigError('give exactly one of max_epochs and max_iters '
                               f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
@@ -124,6 +151,7 @@ class Trainer:
             raise ConfigError(f'resume_policy must be one of {list(RESUME_POLICIES)}, got {resume_policy!r}')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
         self.resume_policy = resume_policy
+        self.revise_keys = revise_keys
         self.cfg = cfg
         self.loss_fn = loss_fn
 
@@ -141,6 +169,11 @@ class Trainer:
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
+        self._model_train_step = has_train_step(self.model)  # MMCV: train_step(data_batch, optimizer) is the step
+        if self._model_train_step and self.world_size > 1 and strategy != 'none':
+            raise ConfigError(f'{type(self.model).__name__} has an MMCV train_step: it is called directly, bypassing '
+                              'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
+                              'run it single-process or give the model a forward that returns the losses')
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
@@ -198,16 +231,38 @@ class Trainer:
             self.iters_per_epoch = 0
             return
         try:
-            self.iters_per_epoch = len(loader)
-        except TypeError:
-            raise ConfigError('train_dataloader has no length; give its dataset a __len__') from None
-        if self.iters_per_epoch == 0:
+            length = len(loader)
+        except TypeError:  # a stream: its length is unknown
+            length = None
+        if length == 0:
             raise DataError(f'train_dataloader is empty: {len(loader.dataset) if hasattr(loader, "dataset") else "?"} '
                             f'samples give no batch (check batch_size and drop_last)')
+        self.iters_per_epoch = self._given_iters_per_epoch or length
+        if self.iters_per_epoch is None:
+            if self.by_epoch:
+                raise ConfigError(f'train_dataloader ({dataset_name(loader)}) has no length, so max_epochs cannot '
+                                  'tell where an epoch ends: train with max_iters=..., or give iters_per_epoch=...')
+            self.iters_per_epoch = self.max_iters
+        per_epoch = self._given_iters_per_epoch is None and length is not None  # one pass per epoch
+        self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger)
         if self.by_epoch:
             self.max_iters = self.max_epochs * self.iters_per_epoch
         else:
             self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
+
+    def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):
+        """Give a trainer built without one its training data and run length (MMCV's
+        ``runner.run(data_loaders, workflow)`` passes the loaders late)."""
+        if (max_epochs is None) == (max_iters is None):
+            raise ConfigError(f'give exactly one of max_epochs and max_iters (got {max_epochs!r}, {max_iters!r})')
+        self.max_epochs, self.max_iters = _positive_int('max_epochs', max_epochs), _positive_int('max_iters', max_iters)
+        self.by_epoch = max_epochs is not None
+        self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
+        self._init_progress()
+
+    def build_val_loader(self, loader):
+        """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
+        return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)
 
     # The counters live in ``self.position`` (see hookloop/position.py); these read it.
     epoch = property(lambda self: self.position.epoch, lambda self, v: setattr(self.position, 'epoch', v))
@@ -259,7 +314,10 @@ class Trainer:
         """Add default hooks for empty roles, build the stage -> methods dispatch table and
         run ``setup`` of the hooks that have not been set up on this trainer yet."""
         if self._dispatch is None:
-            self._hook_list.add_defaults(self.optimizer is not None, self.val_dataloader is not None)
+            # Several optimizers with a train_step model: the model steps them (MMCV's GAN contract).
+            model_steps = self._model_train_step and not isinstance(self.optimizer, torch.optim.Optimizer)
+            self._hook_list.add_defaults(self.optimizer is not None and not model_steps,
+                                         self.val_dataloader is not None)
             table = self._hook_list.stage_table()
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
@@ -399,25 +457,18 @@ class Trainer:
             report_hook_timings(self)
 
     def _train_epoch(self):
-        loader = self.train_dataloader
-        self._set_loader_epoch(loader, self.epoch, self.inner_iter)
+        stream = self.train_stream
+        stream.begin_epoch(self.epoch, self.inner_iter)
         self.mode = 'train'
         self.wrapped_model.train()
         self.call_hook('before_train_epoch')
-        batches = iter(loader)
-        if not isinstance(loader.batch_sampler, ResumableBatchSampler):
-            skip_batches(batches, self.inner_iter)
         before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
         position, step, length = self.position, self.step, self.epoch_length
         while self.inner_iter < length and self.stop_reason is None:
             try:
-                batch = next(batches)
-            except StopIteration:
-                raise DataError(f'train_dataloader ended after {self.inner_iter} batches but reported '
-                                f'{self.iters_per_epoch}') from None
+                batch = stream.next_batch()
             except Exception as exc:
-                say_where(exc, f'loading batch {self.inner_iter} of epoch {self.epoch + 1} from train_dataloader'
-                               f'{batch_indices(loader, self.inner_iter)}')
+                say_where(exc, f'loading batch {self.inner_iter} of epoch {self.epoch + 1} from train_dataloader')
                 raise
             self.data_batch = batch = self.to_device(batch)
             step.begin()
@@ -438,7 +489,7 @@ class Trainer:
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
             position.next_iteration()
-        del batches  # shuts data-loader workers down before the epoch-end hooks
+        stream.end_epoch()  # a per-epoch pass shuts its workers down before the epoch-end hooks
         if self.inner_iter < length:
             return  # stopped early: the epoch is not over
         position.end_epoch()
@@ -454,31 +505,23 @@ class Trainer:
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
         with self.step.forward_context():
             try:
+                if self._model_train_step:
+                    outputs, logged = mmcv_train_step(self.model, batch, self.optimizer)
+                    self.meters.update_dict(logged)
+                    return outputs
                 outputs = call_model(self.wrapped_model, batch)
                 if self.loss_fn is not None:
                     outputs = self.loss_fn(outputs, batch)
             except Exception as exc:
                 say_where(exc, f'the model step (forward and loss_fn) at iteration {self.iter}')
                 raise
-        outputs = as_outputs(outputs)
+        outputs, terms = sum_loss_terms(as_outputs(outputs))
         check_losses(outputs, self.iter)
-        for key, value in outputs.items():
-            if key.startswith('loss') and isinstance(value, torch.Tensor):
-                self.meters.update(key, value)
+        self.meters.update_dict(terms)
         return outputs
 
     def _set_loader_epoch(self, loader, epoch, start_batch=0):
-        sampler = getattr(loader, 'batch_sampler', None)
-        if isinstance(sampler, ResumableBatchSampler):
-            sampler.seed = self.seed
-            sampler.set_epoch(epoch, start_batch)
-            # The loader's own generator (worker base seeds) must not draw from the global
-            # RNG, or where an iterator is created would change the training randomness.
-            if loader.generator is None:
-                loader.generator = torch.Generator()
-            loader.generator.manual_seed(mix_seed(self.seed, epoch, self.rank, 1))
-        elif hasattr(getattr(loader, 'sampler', None), 'set_epoch'):
-            loader.sampler.set_epoch(epoch)
+        set_loader_epoch(loader, self.seed, epoch, self.rank, start_batch)
 
     # -- validation ------------------------------------------------------------------------
     def val(self):
@@ -510,7 +553,7 @@ class Trainer:
                 for method in before_iter:
                     method(self)
                 with self.step.val_forward_context():
-                    self.val_outputs = call_model(self.wrapped_model, batch)
+                    self.val_outputs = val_forward(self.wrapped_model, self.model, batch, self.val_evaluator)
                 if self.val_evaluator is not None:
                     outputs, kept = self.val_outputs, batch
                     if remaining is not None:
@@ -538,12 +581,15 @@ class Trainer:
         checkpoint = {
             'meta': {**self.position.state_dict(), 'seed': self.seed,
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
-                     'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
+                     'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
+                     'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
             'state_dict': self.model.state_dict(),
             'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
             'rng': get_rng_state(),
         }
+        if self.train_dataloader is not None:  # the data position, taken with the weights
+            checkpoint['data'] = self.train_stream.state_dict()
         if save_optimizer and self.optimizer is not None:
             checkpoint['optimizer'] = self.optimizer.state_dict()
         return checkpoint
@@ -660,6 +706,9 @@ class Trainer:
                                 'continuing from the start of epoch %d (iteration %d)', path,
                                 meta['iters_per_epoch'], self.iters_per_epoch, self.epoch + 1, self.iter)
         self.seed = meta.get('seed', self.seed)
+        if self.train_dataloader is not None:
+            self.train_stream.seed = self.seed
+            self.train_stream.load_state_dict(checkpoint.get('data'), self.epoch, self.inner_iter)
         saved_states = checkpoint.get('hooks', {})
         for hook in self.hooks:
             if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
@@ -686,15 +735,21 @@ class Trainer:
             self.logger.warning('%s', describe(changes, meta['iter']))
         return changes
 
-    def load_weights(self, path, strict=True):
-        """Initialise the model from a checkpoint's weights only (a fresh schedule)."""
+    def load_weights(self, path, strict=True, revise_keys=None):
+        """Initialise the model from a checkpoint's weights only (a fresh schedule).
+        ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
+        ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
+        import re
         checkpoint = load_checkpoint(path, map_location=self.device)
         state = checkpoint.get('state_dict', checkpoint)
+        for pattern, replacement in (self.revise_keys if revise_keys is None else revise_keys) or ():
+            state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
         try:
             self.model.load_state_dict(state, strict=strict)
         except RuntimeError as exc:
             raise CheckpointError(f'weights in {path!r} do not fit the model: {str(exc).splitlines()[0]}') from None
         self.logger.info('loaded weights from %s', path)
+        return checkpoint
 
     def close(self):
         """Release the log files and the work dir's lock (the trainer cannot log afterwards).
@@ -732,17 +787,30 @@ def hook_name(method):
     return getattr(hook, 'name', type(hook).__name__) if hook is not None else getattr(method, '__name__', '?')
 
 
-def batch_indices(loader, position):
-    sampler = getattr(loader, 'batch_sampler', None)
-    if not isinstance(sampler, ResumableBatchSampler):
-        return ''
-    indices = sampler.indices()[position * sampler.batch_size:(position + 1) * sampler.batch_size]
-    return f' (dataset indices {indices})'
-
-
 def build_trainer(name='default', default_args=None):
-    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``."""
-    return TRAINERS.build(dict(type=name, **(default_args or {})))
+    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``.
+
+    For the Trainer (and its subclasses) other engines' configs are translated first: a
+    ModelScope ``configuration.json`` (or ``default_args=dict(cfg_file=..., cfg_modify_fn=...)``,
+    :mod:`hookloop.compat.modelscope`) and MMCV 1.x keys (``runner``, ``data``, ``workflow``,
+    ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
+    at start, likely typos are errors.
+    """
+    args = dict(default_args or {})
+    target = TRAINERS.get(name) if isinstance(name, str) else name
+    notes = []
+    if isinstance(target, type) and issubclass(target, Trainer):
+        from .compat import modelscope
+        from .compat.mmcv_config import translate
+        if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
+            args = modelscope.trainer_args(args)
+        elif modelscope.looks_like_modelscope(args):  # a configuration.json
+            args = modelscope.translate(args)
+        args, notes = translate(args, target)
+    trainer = TRAINERS.build(dict(type=target, **args))
+    for note in notes:
+        trainer.logger.info(note)
+    return trainer
 
 
 __all__ = ['Trainer', 'build_trainer', 'STAGES']

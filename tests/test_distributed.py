@@ -234,3 +234,24 @@ def test_fsdp_two_ranks_and_sharded_resume(main_run):
     assert_close(result['weights'], reference)
     for key in reference:
         assert torch.equal(result['resumed_weights'][key], result['weights'][key]), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('files', [1, 2])  # 1 shard: every 2nd example per rank; 2 shards: one each
+def test_hf_streaming_dataset_is_split_across_ranks_disjoint_and_complete(tmp_path, files):
+    pytest.importorskip('datasets')
+    paths, ident = [], 0
+    for index in range(files):
+        path = tmp_path / f'part{index}.jsonl'
+        with open(path, 'w') as f:
+            for _ in range(16 // files):
+                f.write(json.dumps({'x': [float(ident), 1.0], 'id': ident}) + '\n')
+                ident += 1
+        paths.append(str(path))
+    program = [os.path.join(ROOT, 'tests', 'dist', 'hf_stream_worker.py'), str(tmp_path), ','.join(paths), '4']
+    proc, _ = torchrun(None, tmp_path, program=program)  # 4 iterations of 2 = one pass of 8 per rank
+    check_ok(proc)
+    ids = [json.load(open(tmp_path / f'ids_rank{rank}.json')) for rank in range(2)]
+    assert len(ids[0]) == len(ids[1]) == 8
+    assert not set(ids[0]) & set(ids[1])
+    assert sorted(ids[0] + ids[1]) == list(range(16))

@@ -385,5 +385,14 @@ class Fp16OptimizerHook(OptimizerHook):
         super().__init__(grad_clip=grad_clip, loss_scale=loss_scale, **kwargs)
 
 
-__all__ = ['OptimizerHook', 'GradientCumulativeOptimizerHook', 'Fp16OptimizerHook', 'OptimizerProcessor',
+@HOOKS.register_module()
+class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
+    """MMCV's config name for ``OptimizerHook(cumulative_iters=N, precision='fp16', loss_scale=...)``."""
+
+    def __init__(self, cumulative_iters=1, **kwargs):
+        super().__init__(cumulative_iters=cumulative_iters, **kwargs)
+
+
+__all__ = ['OptimizerHook', 'GradientCumulativeOptimizerHook', 'Fp16OptimizerHook',
+           'GradientCumulativeFp16OptimizerHook', 'OptimizerProcessor',
            'total_loss', 'accumulation_window', 'is_window_end']

@@ -1,0 +1,323 @@
+"""The ``mmcv.runner`` names user code imports, as thin adapters over hookloop's Trainer.
+
+Code written for MMCV 1.x runs with its import line changed::
+
+    from hookloop.compat.mmcv import EpochBasedRunner, get_logger   # was: from mmcv.runner import ...
+
+    runner = EpochBasedRunner(model, optimizer=optimizer, work_dir='./work_dir', logger=logger, max_epochs=4)
+    runner.register_training_hooks(lr_config=dict(policy='step', step=[2, 3]),
+                                   optimizer_config=dict(grad_clip=None), checkpoint_config=dict(interval=1),
+                                   log_config=dict(interval=100, hooks=[dict(type='TextLoggerHook')]))
+    runner.run([trainloader], [('train', 1)])
+
+A runner holds one :class:`~hookloop.Trainer` (``runner.trainer``); every step, schedule,
+checkpoint and log line is the Trainer's and its hooks'. What the adapter adds is MMCV's
+shape: loaders given to ``run``, ``workflow``, ``latest.pth`` next to ``last_checkpoint``,
+``meta`` in checkpoints, ``load_checkpoint(revise_keys=...)``. A model with
+``train_step(data_batch, optimizer)`` is driven through it (see docs/migration.md).
+"""
+import logging
+import os
+import sys
+
+import torch
+
+from ..amp import auto_fp16, force_fp32, mmcv_fp16_modules
+from ..checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
+from ..dist import get_rank, get_world_size, init_distributed
+from ..errors import ConfigError
+from ..hooks import (CheckpointHook, DvcliveLoggerHook, EMAHook, EvaluationHook, Fp16OptimizerHook,
+                     GradientCumulativeOptimizerHook, Hook, IterTimerHook, LoggerHook, MlflowLoggerHook,
+                     NeptuneLoggerHook, OptimizerHook, TensorboardLoggerHook, TextLoggerHook, WandbLoggerHook)
+from ..hooks import lr_updater, momentum_updater
+from ..hooks.optimizer import GradientCumulativeFp16OptimizerHook
+from ..optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
+    build_optimizers
+from ..priority import Priority, get_priority
+from ..registry import HOOKS, Registry
+from ..trainer import Trainer, plain
+from .dataset_evaluator import DatasetEvaluator
+from .log_vars_evaluator import LogVarsEvaluator
+
+RUNNERS = Registry('runner')
+LATEST_LINK = 'latest.pth'
+
+
+def link_latest(path):
+    """Point ``<dir of path>/latest.pth`` at ``path`` (a relative symlink, replaced atomically),
+    as MMCV's ``save_checkpoint(create_symlink=True)`` does."""
+    directory = os.path.dirname(path)
+    link, temporary = os.path.join(directory, LATEST_LINK), os.path.join(directory, f'.{LATEST_LINK}.tmp')
+    if os.path.lexists(temporary):
+        os.remove(temporary)
+    os.symlink(os.path.basename(path), temporary)
+    os.replace(temporary, link)
+
+
+class _MMCVTrainer(Trainer):
+    """The Trainer with two MMCV habits: ``latest.pth`` beside each checkpoint the pointer
+    moves to (MMCV code resumes from it), and the runner's ``meta`` in every checkpoint."""
+
+    runner_meta = None
+
+    def state_dict(self, save_optimizer=True):
+        checkpoint = super().state_dict(save_optimizer)
+        for key, value in plain(self.runner_meta or {}).items():
+            checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
+        return checkpoint
+
+    def write_checkpoint(self, checkpoint, path, update_last=True):
+        path = super().write_checkpoint(checkpoint, path, update_last)
+        if update_last and self.rank == 0:
+            link_latest(path)
+        return path
+
+
+class BaseRunner:
+    """MMCV's runner constructor and methods over a Trainer built at once (without data:
+    the loaders come with :meth:`run`)."""
+
+    by_epoch = True
+    filename_tmpl = 'epoch_{}.pth'
+
+    def __init__(self, model, batch_processor=None, optimizer=None, work_dir=None, logger=None, meta=None,
+                 max_iters=None, max_epochs=None):
+        if batch_processor is not None:
+            raise ConfigError('batch_processor is deprecated in MMCV and not supported: give the model a '
+                              'train_step(data_batch, optimizer) method instead')
+        if max_epochs is not None and max_iters is not None:
+            raise ConfigError('give only one of max_epochs and max_iters')
+        if meta is not None and not isinstance(meta, dict):
+            raise ConfigError(f'meta must be a dict, got {type(meta).__name__}')
+        parameters = list(model.parameters())
+        device = parameters[0].device if parameters else 'cpu'  # MMCV leaves the model where the user put it
+        self.trainer = _MMCVTrainer(model, optimizer=optimizer, work_dir=work_dir or 'work_dirs/default',
+                                    seed=(meta or {}).get('seed'), device=device)
+        self.trainer.runner_meta = meta
+        self.meta = meta
+        self.user_logger = logger  # MMCV code may log to its own logger; the run logs to trainer.logger
+        self._max_epochs, self._max_iters = max_epochs, max_iters
+
+    # The run's state is the Trainer's: epoch, iter, inner_iter, model, optimizer, logger,
+    # work_dir, hooks, outputs, rank, world_size, meters, ...
+    def __getattr__(self, name):
+        if name == 'trainer':
+            raise AttributeError(name)
+        return getattr(self.trainer, name)
+
+    @property
+    def max_epochs(self):
+        return self._max_epochs if self.trainer.train_dataloader is None else self.trainer.max_epochs
+
+    @property
+    def max_iters(self):
+        return self._max_iters if self.trainer.train_dataloader is None else self.trainer.max_iters
+
+    @property
+    def model_name(self):
+        model = getattr(self.trainer.model, 'module', self.trainer.model)
+        return type(model).__name__
+
+    def register_hook(self, hook, priority='NORMAL'):
+        return self.trainer.register_hook(hook, priority=priority)
+
+    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
+                                log_config=None, momentum_config=None, timer_config=dict(type='IterTimerHook'),
+                                custom_hooks_config=None):
+        self.trainer.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
+                                             momentum_config, timer_config, custom_hooks_config)
+
+    def run(self, data_loaders, workflow, max_epochs=None, max_iters=None, **kwargs):
+        """``data_loaders[i]`` goes with ``workflow[i]``: ``[('train', n)]``, optionally with
+        ``('val', k)``, which validates every ``n`` epochs (iterations) with ``val_step``."""
+        if len(data_loaders) != len(workflow):
+            raise ConfigError(f'run() got {len(data_loaders)} data loaders for a workflow of {len(workflow)}')
+        modes = [mode for mode, _ in workflow]
+        if modes.count('train') != 1 or set(modes) - {'train', 'val'}:
+            raise ConfigError(f"workflow {workflow!r}: give one ('train', n) and optionally ('val', k)")
+        length_key = 'max_epochs' if self.by_epoch else 'max_iters'
+        length = (max_epochs if self.by_epoch else max_iters) or getattr(self, f'_{length_key}')
+        if length is None:
+            raise ConfigError(f'{type(self).__name__} needs {length_key} (in the constructor or in run())')
+        trainer = self.trainer
+        train_index = modes.index('train')
+        if 'val' in modes:
+            trainer.val_dataloader = trainer.build_val_loader(data_loaders[modes.index('val')])
+            if trainer.val_evaluator is None:
+                trainer.val_evaluator = LogVarsEvaluator()
+            if not any(getattr(h, 'ROLE', None) == 'evaluation' for h in trainer.hooks):
+                trainer.register_hook(EvaluationHook(interval=workflow[train_index][1], by_epoch=self.by_epoch))
+        trainer.set_train_dataloader(data_loaders[train_index], **{length_key: length})
+        return trainer.train()
+
+    def resume(self, checkpoint, resume_optimizer=True, map_location='default'):
+        """Continue exactly from ``checkpoint`` (model, optimizer(s), counters, hooks, RNG)."""
+        if not resume_optimizer:
+            raise ConfigError('resume(resume_optimizer=False) is not supported: hookloop resumes exactly; '
+                              'use load_checkpoint(path) to start from the weights only')
+        self.trainer.resume(checkpoint)
+
+    def load_checkpoint(self, filename, map_location='cpu', strict=False, revise_keys=((r'^module\.', ''),)):
+        """Load weights only, renaming keys with ``revise_keys`` first; returns the checkpoint."""
+        return self.trainer.load_weights(filename, strict=strict, revise_keys=list(revise_keys))
+
+    def save_checkpoint(self, out_dir, filename_tmpl=None, save_optimizer=True, meta=None, create_symlink=True):
+        count = self.trainer.epoch + 1 if self.by_epoch else self.trainer.iter + 1
+        path = os.path.join(out_dir, (filename_tmpl or self.filename_tmpl).format(count))
+        previous = self.trainer.runner_meta
+        self.trainer.runner_meta = {**(previous or {}), **(meta or {})}
+        try:
+            checkpoint = self.trainer.build_checkpoint(save_optimizer=save_optimizer)
+            path = Trainer.write_checkpoint(self.trainer, checkpoint, path, update_last=True)  # no link yet
+        finally:
+            self.trainer.runner_meta = previous
+        if create_symlink and self.trainer.rank == 0:
+            link_latest(path)
+        return path
+
+    def current_lr(self):
+        optimizer = self.trainer.optimizer
+        if isinstance(optimizer, dict):
+            return {name: [g['lr'] for g in opt.param_groups] for name, opt in optimizer.items()}
+        return [g['lr'] for g in optimizer.param_groups]
+
+
+@RUNNERS.register_module()
+class EpochBasedRunner(BaseRunner):
+    """MMCV's ``EpochBasedRunner(model, optimizer=, work_dir=, logger=, meta=, max_epochs=)``."""
+
+
+@RUNNERS.register_module()
+class IterBasedRunner(BaseRunner):
+    """MMCV's ``IterBasedRunner(model, optimizer=, work_dir=, logger=, meta=, max_iters=)``; the
+    loader is cycled, checkpoints are ``iter_{n}.pth``."""
+
+    by_epoch = False
+    filename_tmpl = 'iter_{}.pth'
+
+
+def build_runner(cfg, default_args=None):
+    """MMCV's ``build_runner(dict(type='EpochBasedRunner', max_epochs=12), default_args=dict(model=...))``."""
+    cfg = dict(cfg)
+    cfg.pop('constructor', None)  # MMCV's DefaultRunnerConstructor: nothing else to construct
+    return RUNNERS.build(cfg, **(default_args or {}))
+
+
+# -- the module-level helpers of mmcv.runner ---------------------------------------------------
+def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=None,
+                    revise_keys=((r'^module\.', ''),)):
+    """Load ``filename``'s weights into ``model`` (``weights_only``), renaming keys first."""
+    import re
+    checkpoint = _load_file(filename, map_location=map_location)
+    state = checkpoint.get('state_dict', checkpoint)
+    for pattern, replacement in revise_keys:
+        state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
+    result = getattr(model, 'module', model).load_state_dict(state, strict=strict)
+    if (result.missing_keys or result.unexpected_keys) and logger is not None:
+        logger.warning('load_checkpoint %s: missing keys %s, unexpected keys %s', filename, result.missing_keys,
+                       result.unexpected_keys)
+    return checkpoint
+
+
+def save_checkpoint(model, filename, optimizer=None, meta=None):
+    """Write ``model``'s weights (and the optimizer state) atomically, MMCV's layout."""
+    checkpoint = {'meta': plain(meta or {}), 'state_dict': getattr(model, 'module', model).state_dict()}
+    if optimizer is not None:
+        checkpoint['optimizer'] = optimizer.state_dict()
+    directory = os.path.dirname(os.path.abspath(filename))
+    os.makedirs(directory, exist_ok=True)
+    _save_file(checkpoint, filename)
+
+
+def get_dist_info():
+    """``(rank, world_size)``; ``(0, 1)`` outside a process group."""
+    return get_rank(), get_world_size()
+
+
+def init_dist(launcher, backend='nccl', **kwargs):
+    """Join the process group (``launcher='pytorch'``: torchrun's environment)."""
+    if launcher not in ('pytorch', 'none'):
+        raise ConfigError(f'init_dist launcher {launcher!r} is not supported; use torchrun with launcher="pytorch"')
+    if backend == 'nccl' and not torch.cuda.is_available():
+        backend = 'gloo'
+    return init_distributed('pytorch' if launcher == 'pytorch' else 'none', backend)
+
+
+def wrap_fp16_model(model):
+    """Turn on MMCV's ``fp16_enabled`` switches. The weights stay float32: ``auto_fp16``
+    runs the decorated methods under fp16 autocast instead of casting the model to half."""
+    for module in mmcv_fp16_modules(model):
+        module.fp16_enabled = True
+    return model
+
+
+def get_logger(name, log_file=None, log_level=logging.INFO, file_mode='w'):
+    """A logger printing to stdout (and ``log_file``) in MMCV's format."""
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        formatter = logging.Formatter('%(asctime)s - %(name)s - %(levelname)s - %(message)s')
+        handlers = [logging.StreamHandler(sys.stdout)]
+        if log_file is not None and get_rank() == 0:
+            handlers.append(logging.FileHandler(log_file, file_mode))
+        for handler in handlers:
+            handler.setFormatter(formatter)
+            logger.addHandler(handler)
+    logger.setLevel(log_level if get_rank() == 0 else logging.ERROR)
+    return logger
+
+
+def MMDataParallel(module, device_ids=None, dim=0, **kwargs):  # noqa: N802 (MMCV's class name)
+    """The module itself: the trainer moves batches to the model's device."""
+    return module
+
+
+def MMDistributedDataParallel(module, device_ids=None, broadcast_buffers=False, find_unused_parameters=False,
+                              **kwargs):  # noqa: N802
+    """The module itself: the trainer wraps it in DDP (pass ``find_unused_parameters`` to the Trainer)."""
+    return module
+
+
+class EvalHook(EvaluationHook):
+    """MMCV's ``EvalHook(dataloader, interval=1, by_epoch=True, start=None, save_best=None,
+    rule=None, **eval_kwargs)``: ``dataset.evaluate(results, **eval_kwargs)`` on the outputs of
+    ``model(return_loss=False, **data)``, through the trainer's validation loop."""
+
+    def __init__(self, dataloader, start=None, interval=1, by_epoch=True, save_best=None, rule=None,
+                 test_fn=None, greater_keys=None, less_keys=None, out_dir=None, file_client_args=None,
+                 **eval_kwargs):
+        if test_fn is not None:
+            raise ConfigError('EvalHook test_fn is not supported: the trainer runs the validation loop')
+        super().__init__(interval=interval, by_epoch=by_epoch, start=start, save_best=save_best, rule=rule)
+        self.dataloader = dataloader
+        self.evaluator = DatasetEvaluator(dataloader.dataset, **{k: v for k, v in eval_kwargs.items()
+                                                                 if k not in ('gpu_collect', 'tmpdir',
+                                                                              'broadcast_bn_buffer', 'pre_eval')})
+
+    def before_run(self, trainer):
+        # This hook brings the val data and the dataset's evaluator (MMCV's EvalHook holds both).
+        trainer.val_dataloader = trainer.build_val_loader(self.dataloader)
+        trainer.val_evaluator = self.evaluator
+
+
+DistEvalHook = EvalHook  # ranks evaluate their shard; results are gathered before dataset.evaluate
+
+
+def _schedule_hooks():
+    names = {}
+    for module in (lr_updater, momentum_updater):
+        for name, value in vars(module).items():
+            if name.endswith(('LrUpdaterHook', 'MomentumUpdaterHook')) and isinstance(value, type):
+                names[name] = value
+    return names
+
+
+globals().update(_schedule_hooks())
+
+__all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'build_runner', 'HOOKS', 'Hook',
+           'OptimizerHook', 'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook',
+           'GradientCumulativeFp16OptimizerHook', 'EMAHook', 'CheckpointHook', 'EvalHook', 'DistEvalHook',
+           'IterTimerHook', 'LoggerHook', 'TextLoggerHook', 'TensorboardLoggerHook', 'MlflowLoggerHook',
+           'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'build_optimizer', 'build_optimizers',
+           'DefaultOptimizerConstructor', 'OPTIMIZER_CONSTRUCTORS', 'load_checkpoint', 'save_checkpoint',
+           'get_dist_info', 'init_dist', 'auto_fp16', 'force_fp32', 'wrap_fp16_model', 'Priority', 'get_priority',
+           'get_logger', 'MMDataParallel', 'MMDistributedDataParallel'] + sorted(_schedule_hooks())

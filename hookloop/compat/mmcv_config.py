@@ -1,0 +1,335 @@
+"""MMCV 1.x config keys, translated onto the Trainer's arguments before it is built.
+
+A config written for mmdet 2.x / mmseg 0.x / mmcls 0.x loads unchanged: ``runner``,
+``total_epochs``, ``workflow``, ``dist_params``, ``data``, ``fp16``, ``auto_scale_lr``,
+``evaluation.metric``, ``custom_imports=dict(imports=...)``, top-level ``train_cfg`` /
+``test_cfg`` and the process settings (``cudnn_benchmark``, ``mp_start_method``,
+``opencv_num_threads``, ``gpu_ids``) mean what they mean in MMCV (docs/migration.md has the
+table). Names the trainer does not know are helper variables (``dataset_type``,
+``img_norm_cfg``, ``train_pipeline``...) unless they are a small edit away from a known key
+(``lr_confg``): those are errors with a "did you mean". All problems are reported at once.
+"""
+import importlib
+import inspect
+import os
+from collections.abc import Mapping
+
+import torch
+
+from ..errors import ConfigError
+
+# MMCV keys this module consumes (they never reach the Trainer).
+MMCV_KEYS = ('runner', 'total_epochs', 'workflow', 'dist_params', 'gpu_ids', 'opencv_num_threads',
+             'mp_start_method', 'cudnn_benchmark', 'auto_scale_lr', 'fp16', 'data', 'train_cfg', 'test_cfg')
+_DATA_KEYS = ('samples_per_gpu', 'workers_per_gpu', 'train', 'val', 'test', 'persistent_workers', 'shuffle',
+              'pin_memory', 'drop_last', 'train_dataloader', 'val_dataloader', 'test_dataloader')
+_LOADER_OPTIONS = ('samples_per_gpu', 'workers_per_gpu', 'persistent_workers', 'shuffle', 'pin_memory', 'drop_last')
+_EVAL_HOOK_KEYS = ('interval', 'by_epoch', 'start', 'save_best', 'rule', 'type', 'priority')
+# EvalHook / DistEvalHook arguments with no meaning here (results are gathered in memory).
+_EVAL_IGNORED = ('gpu_collect', 'tmpdir', 'broadcast_bn_buffer', 'greater_keys', 'less_keys', 'out_dir',
+                 'file_client_args', 'pre_eval', 'efficient_test')
+
+
+def edit_distance(a, b):
+    """Levenshtein distance (insertions, deletions, substitutions)."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def likely_typo(name, known):
+    """The known key ``name`` is a small edit away from (at most 2, and a quarter of its length), or None."""
+    limit = min(2, max(1, len(name) // 4))
+    best = min(known, key=lambda k: edit_distance(name, k))
+    return best if edit_distance(name, best) <= limit else None
+
+
+def trainer_arguments(target):
+    """The keyword arguments ``target`` takes, following ``**kwargs`` up to the base classes
+    (a Trainer subclass passes the Trainer's own arguments through)."""
+    names = []
+    for cls in getattr(target, '__mro__', [target]):
+        init = vars(cls).get('__init__') if isinstance(cls, type) else cls
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters
+        names += [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != 'self']
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            break
+    return list(dict.fromkeys(names))
+
+
+def needs_translation(cfg):
+    """True when ``cfg`` holds an MMCV key, ``custom_imports`` as a dict or dataset options in ``evaluation``."""
+    evaluation = cfg.get('evaluation')
+    return any(key in cfg for key in MMCV_KEYS) or isinstance(cfg.get('custom_imports'), Mapping) or (
+        isinstance(evaluation, Mapping) and bool(set(evaluation) - set(_EVAL_HOOK_KEYS)))
+
+
+def translate(cfg, target):
+    """``(kwargs for target, notes)``: ``cfg`` with the MMCV keys turned into ``target``'s
+    arguments and the helper names removed; ``notes`` are lines to log at start. Raises one
+    ConfigError listing every problem found."""
+    known = trainer_arguments(target)
+    cfg, problems, notes = dict(cfg), [], []
+    _import_custom(cfg, problems, notes)
+    _run_length(cfg, problems)
+    iter_based = cfg.pop('_iter_based', False)
+    _process_settings(cfg, problems, notes)
+    _data(cfg, problems)
+    _fp16(cfg, problems)
+    _auto_scale_lr(cfg, problems, notes)
+    _model_cfgs(cfg)
+    _workflow(cfg, problems, notes, iter_based)
+    _evaluation(cfg, problems, notes, iter_based)
+    if iter_based and isinstance(cfg.get('checkpoint_config'), Mapping):
+        cfg['checkpoint_config'] = {'by_epoch': False, **cfg['checkpoint_config']}
+    helpers = []
+    for name in list(cfg):
+        if name in known:
+            continue
+        typo = likely_typo(name, list(known) + list(MMCV_KEYS))
+        if typo is not None:
+            problems.append(f'{target.__name__} got an unexpected argument {name!r}; did you mean {typo!r}?')
+        else:
+            helpers.append(name)
+        del cfg[name]
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f'the config has {len(problems)} problems:\n  - ' + '\n  - '.join(problems))
+    if helpers:
+        notes.append(f'config names not used by the trainer (helper variables, as MMCV allows): {", ".join(helpers)}')
+    return cfg, notes
+
+
+def _import_custom(cfg, problems, notes):
+    spec = cfg.get('custom_imports')
+    if not isinstance(spec, Mapping):
+        return
+    spec = dict(spec)
+    imports = spec.pop('imports', [])
+    allow_failed = spec.pop('allow_failed_imports', False)
+    if spec:
+        problems.append(f'custom_imports got unknown keys {sorted(spec)}; use imports and allow_failed_imports')
+    imported = []
+    for module in [imports] if isinstance(imports, str) else imports:
+        try:
+            importlib.import_module(module)
+            imported.append(module)
+        except ImportError as exc:
+            if not allow_failed:
+                problems.append(f'custom_imports: cannot import {module!r}: {exc}')
+            else:
+                notes.append(f'custom_imports: {module!r} failed to import and is skipped: {exc}')
+    cfg['custom_imports'] = imported
+
+
+def _run_length(cfg, problems):
+    runner, total_epochs = cfg.pop('runner', None), cfg.pop('total_epochs', None)
+    if runner is None:
+        if total_epochs is not None:
+            runner = dict(type='EpochBasedRunner', max_epochs=total_epochs)
+        else:
+            return
+    if not isinstance(runner, Mapping):
+        problems.append(f"runner must be a dict like dict(type='EpochBasedRunner', max_epochs=12), got {runner!r}")
+        return
+    runner = dict(runner)
+    kind = runner.pop('type', 'EpochBasedRunner')
+    length_key = {'EpochBasedRunner': 'max_epochs', 'IterBasedRunner': 'max_iters'}.get(kind)
+    if length_key is None:
+        problems.append(f"runner type {kind!r} is not supported; use 'EpochBasedRunner' or 'IterBasedRunner'")
+        return
+    value = runner.pop(length_key, None)
+    if runner:
+        problems.append(f'runner ({kind}) got unexpected keys {sorted(runner)}; it takes {length_key}')
+    if value is None:
+        problems.append(f'runner ({kind}) needs {length_key}')
+        return
+    if total_epochs is not None and length_key == 'max_epochs' and total_epochs != value:
+        problems.append(f'total_epochs={total_epochs} and runner.max_epochs={value} disagree')
+    for key in ('max_epochs', 'max_iters'):
+        if cfg.get(key) is not None and (key != length_key or cfg[key] != value):
+            problems.append(f'{key}={cfg[key]!r} conflicts with runner=dict(type={kind!r}, {length_key}={value!r})')
+    cfg[length_key] = value
+    cfg['_iter_based'] = kind == 'IterBasedRunner'
+
+
+def _process_settings(cfg, problems, notes):
+    dist_params = cfg.pop('dist_params', None)
+    if dist_params is not None:
+        if not isinstance(dist_params, Mapping):
+            problems.append(f"dist_params must be a dict like dict(backend='nccl'), got {dist_params!r}")
+        else:
+            backend = dist_params.get('backend')
+            if backend == 'nccl' and not torch.cuda.is_available():
+                notes.append("dist_params backend 'nccl' needs CUDA; this machine has none, so gloo is used")
+            elif backend is not None and cfg.get('dist_backend') is None:
+                cfg['dist_backend'] = backend
+            unused = sorted(set(dist_params) - {'backend'})
+            if unused:
+                notes.append(f'dist_params {unused} are not used: torchrun sets the address and port')
+    if cfg.pop('gpu_ids', None) is not None:
+        notes.append('gpu_ids is not used: the device comes from device=/torchrun (one GPU per process)')
+    if 'cudnn_benchmark' in cfg:
+        torch.backends.cudnn.benchmark = bool(cfg.pop('cudnn_benchmark'))
+    method = cfg.pop('mp_start_method', None)
+    if method is not None:
+        import multiprocessing
+        if method not in multiprocessing.get_all_start_methods():
+            problems.append(f'mp_start_method {method!r} is not available here: {multiprocessing.get_all_start_methods()}')
+        else:
+            multiprocessing.set_start_method(method, force=True)  # as MMCV's setup_multi_processes
+    threads = cfg.pop('opencv_num_threads', None)
+    if threads is not None:
+        try:
+            import cv2
+            cv2.setNumThreads(threads)
+        except ImportError:
+            pass  # no OpenCV: nothing to limit
+
+
+def _loader(dataset, options, shuffle):
+    workers = options.get('workers_per_gpu', 0)
+    loader = dict(dataset=dataset, batch_size=options.get('samples_per_gpu', 1), num_workers=workers,
+                  shuffle=options.get('shuffle', shuffle))
+    for key in ('pin_memory', 'drop_last'):
+        if key in options:
+            loader[key] = options[key]
+    if workers > 0 and options.get('persistent_workers'):  # torch refuses it without workers
+        loader['persistent_workers'] = True
+    return loader
+
+
+def _data(cfg, problems):
+    data = cfg.pop('data', None)
+    if data is None:
+        return
+    if not isinstance(data, Mapping):
+        problems.append(f'data must be a dict like dict(samples_per_gpu=2, workers_per_gpu=2, train=...), got {data!r}')
+        return
+    data = dict(data)
+    unknown = sorted(set(data) - set(_DATA_KEYS))
+    if unknown:
+        problems.append(f'data got unknown keys {unknown}; known: {", ".join(_DATA_KEYS)}')
+    common = {k: data[k] for k in _LOADER_OPTIONS if k in data}
+    for split, shuffle, target in (('train', True, 'train_dataloader'), ('val', False, 'val_dataloader')):
+        dataset = data.get(split)
+        if dataset is None:
+            continue
+        if cfg.get(target) is not None:
+            problems.append(f'data.{split} and {target} both describe the {split} loader; keep one')
+            continue
+        options = dict(common)
+        if split == 'val':
+            options['samples_per_gpu'] = 1  # MMCV's test loaders default to one sample per GPU
+            options['shuffle'] = False
+            if isinstance(dataset, Mapping) and 'samples_per_gpu' in dataset:
+                dataset = dict(dataset)
+                options['samples_per_gpu'] = dataset.pop('samples_per_gpu')
+        options.update(data.get(f'{split}_dataloader') or {})
+        if isinstance(dataset, (list, tuple)):  # MMCV concatenates a list of datasets
+            from torch.utils.data import ConcatDataset
+
+            from ..builder import build_dataset
+            dataset = ConcatDataset([build_dataset(d) for d in dataset])
+        cfg[target] = _loader(dataset, options, shuffle)
+    cfg['_samples_per_gpu'] = data.get('samples_per_gpu')
+
+
+def _fp16(cfg, problems):
+    fp16 = cfg.pop('fp16', None)
+    if fp16 is None:
+        return
+    if not isinstance(fp16, Mapping):
+        problems.append(f"fp16 must be a dict like dict(loss_scale=512.) or dict(loss_scale='dynamic'), got {fp16!r}")
+        return
+    optimizer_config = dict(cfg.get('optimizer_config') or {})
+    if optimizer_config.get('type', 'OptimizerHook') in ('OptimizerHook', 'GradientCumulativeOptimizerHook'):
+        optimizer_config['precision'] = 'fp16'
+    # mmdet's train_detector: Fp16OptimizerHook(**optimizer_config, **fp16)
+    optimizer_config.update(fp16)
+    cfg['optimizer_config'] = optimizer_config
+
+
+def _auto_scale_lr(cfg, problems, notes):
+    samples_per_gpu = cfg.pop('_samples_per_gpu', None)
+    spec = cfg.pop('auto_scale_lr', None)
+    if not spec or not spec.get('enable', False):
+        return
+    base = spec.get('base_batch_size')
+    if not base or samples_per_gpu is None:
+        problems.append('auto_scale_lr needs base_batch_size and data.samples_per_gpu')
+        return
+    world_size = int(os.environ.get('WORLD_SIZE', 1))
+    factor = world_size * samples_per_gpu / base
+    optimizer = cfg.get('optimizer')
+    configs = optimizer.values() if isinstance(optimizer, Mapping) and 'type' not in optimizer else [optimizer]
+    for opt in configs:
+        if isinstance(opt, Mapping) and 'lr' in opt:
+            opt['lr'] = opt['lr'] * factor
+    notes.append(f'auto_scale_lr: batch {world_size} x {samples_per_gpu} vs base {base}: LR scaled by {factor:g}')
+
+
+def _model_cfgs(cfg):
+    # mmdet 2.x's older configs keep train_cfg / test_cfg beside the model; build_detector passes them in.
+    for key in ('train_cfg', 'test_cfg'):
+        value = cfg.pop(key, None)
+        if value is not None and isinstance(cfg.get('model'), Mapping):
+            cfg['model'] = {**cfg['model'], key: cfg['model'].get(key, value)}
+
+
+def _workflow(cfg, problems, notes, iter_based):
+    workflow = cfg.pop('workflow', None)
+    if workflow is None:
+        return
+    try:
+        phases = [(str(mode), int(count)) for mode, count in workflow]
+    except (TypeError, ValueError):
+        problems.append(f"workflow must be a list like [('train', 1)] or [('train', 1), ('val', 1)], got {workflow!r}")
+        return
+    modes = [mode for mode, _ in phases]
+    if not modes or modes[0] != 'train' or set(modes) - {'train', 'val'} or modes.count('train') > 1:
+        problems.append(f"workflow {workflow!r}: hookloop runs [('train', n)] optionally followed by ('val', k)")
+        return
+    if 'val' in modes and cfg.get('evaluation') is None:
+        # ('val', k) after ('train', n): validate every n epochs (iterations for IterBasedRunner)
+        cfg['evaluation'] = dict(interval=phases[0][1], by_epoch=not iter_based)
+        if cfg.get('val_dataloader') is None:
+            problems.append("workflow has ('val', k) but there is no val data (data.val or val_dataloader)")
+
+
+def _evaluation(cfg, problems, notes, iter_based):
+    evaluation = cfg.get('evaluation')
+    if not isinstance(evaluation, Mapping):
+        return
+    evaluation = dict(evaluation)
+    if iter_based:
+        evaluation.setdefault('by_epoch', False)  # as mmdet / mmseg set it for IterBasedRunner
+    ignored = [k for k in _EVAL_IGNORED if evaluation.pop(k, None) is not None]
+    if ignored:
+        notes.append(f'evaluation {ignored} have no effect here (results are gathered in memory)')
+    eval_kwargs = {k: evaluation.pop(k) for k in list(evaluation) if k not in _EVAL_HOOK_KEYS}
+    cfg['evaluation'] = evaluation
+    if not eval_kwargs:
+        return
+    if cfg.get('val_evaluator') is not None:
+        problems.append(f'evaluation has dataset options {sorted(eval_kwargs)} and val_evaluator is set; keep one')
+        return
+    loader = cfg.get('val_dataloader')
+    if not isinstance(loader, Mapping) or loader.get('dataset') is None:
+        problems.append(f'evaluation has {sorted(eval_kwargs)} for the val dataset, but there is no val data')
+        return
+    from ..builder import build_dataset
+    from .dataset_evaluator import DatasetEvaluator
+    try:
+        dataset = build_dataset(loader['dataset'])  # built once: the loader and the evaluator share it
+        cfg['val_dataloader'] = {**loader, 'dataset': dataset}
+        cfg['val_evaluator'] = DatasetEvaluator(dataset, **eval_kwargs)
+    except ConfigError as exc:
+        problems.append(str(exc))

@@ -1,0 +1,58 @@
+"""ModelScope's LR warm-up (``lr_scheduler.options.warmup``) around a torch scheduler.
+
+ModelScope multiplies the wrapped scheduler's regular LR during the first ``warmup_iters``
+scheduler steps (epochs with ``by_epoch``, iterations otherwise):
+``LinearWarmup``: ``1 - (1 - t / warmup_iters) * (1 - warmup_ratio)``;
+``ConstantWarmup``: ``warmup_ratio``; ``ExponentialWarmup``: ``warmup_ratio ** (1 - t / warmup_iters)``.
+"""
+import torch
+
+from ..errors import ConfigError
+
+WARMUP_FACTORS = {
+    'LinearWarmup': lambda t, n, ratio: 1 - (1 - t / n) * (1 - ratio),
+    'ConstantWarmup': lambda t, n, ratio: ratio,
+    'ExponentialWarmup': lambda t, n, ratio: ratio ** (1 - t / n),
+}
+
+
+class WarmupScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """``base_scheduler``'s LR times the warm-up factor while ``last_epoch < warmup_iters``.
+    The base scheduler always sees its own (regular) LR, so chainable schedules stay exact."""
+
+    def __init__(self, base_scheduler, type='LinearWarmup', warmup_iters=0, warmup_ratio=0.1):  # noqa: A002
+        if type not in WARMUP_FACTORS:
+            raise ConfigError(f'warmup type {type!r} is unknown; known: {", ".join(WARMUP_FACTORS)}')
+        if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 0:
+            raise ConfigError(f'warmup_iters must be an int >= 0, got {warmup_iters!r}')
+        self.base, self.kind, self.warmup_iters, self.warmup_ratio = base_scheduler, type, warmup_iters, warmup_ratio
+        self.regular = [group['lr'] for group in base_scheduler.optimizer.param_groups]
+        super().__init__(base_scheduler.optimizer)
+
+    def factor(self, step):
+        if step >= self.warmup_iters:
+            return 1.0
+        return WARMUP_FACTORS[self.kind](step, self.warmup_iters, self.warmup_ratio)
+
+    def step(self, epoch=None):
+        groups = self.optimizer.param_groups
+        self.last_epoch += 1
+        if self.last_epoch > 0:  # the base scheduler made its first step when it was built
+            for group, lr in zip(groups, self.regular):
+                group['lr'] = lr
+            self.base.step()
+        self.regular = [group['lr'] for group in groups]
+        factor = self.factor(self.last_epoch)
+        for group, lr in zip(groups, self.regular):
+            group['lr'] = lr * factor
+        self._last_lr = [group['lr'] for group in groups]
+
+    def get_lr(self):
+        return [group['lr'] for group in self.optimizer.param_groups]
+
+    def state_dict(self):
+        return {'last_epoch': self.last_epoch, 'regular': list(self.regular), 'base': self.base.state_dict()}
+
+    def load_state_dict(self, state):
+        self.last_epoch, self.regular = state['last_epoch'], list(state['regular'])
+        self.base.load_state_dict(state['base'])
