@@ -9,7 +9,9 @@ from .paths import check_can_create_dir
 
 def check_before_run(trainer):
     for hook in trainer.hooks:
-        if role_of(hook) == 'evaluation' and trainer.val_dataloader is None:
+        # (MMCV's EvalHook brings its own dataloader)
+        if role_of(hook) == 'evaluation' and trainer.val_dataloader is None and \
+                getattr(hook, 'dataloader', None) is None:
             raise ConfigError(f'{hook.name} evaluates, but the trainer has no val_dataloader: give one, or '
                               'remove the evaluation config')
         out_dir = getattr(hook, 'out_dir', None)

@@ -16,7 +16,7 @@ import torch
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state, update_pointer
-from .data import seed_everything, set_loader_epoch
+from .data import ResumableBatchSampler, seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
@@ -681,8 +681,7 @@ class Trainer:
             if checkpoint is None:
                 checkpoint = load_checkpoint(path, map_location=self.device)
             check_resumable(path, checkpoint)
-            restart = check_epoch_length(checkpoint['meta'], self.iters_per_epoch, self.world_size,
-                                         self.resume_policy, path)
+            restart = self._check_epoch_length(checkpoint['meta'], path)
             try:
                 self.model.load_state_dict(checkpoint['state_dict'])
                 if 'optimizer' in checkpoint and self.optimizer is not None:
@@ -692,7 +691,7 @@ class Trainer:
                 raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
         meta = checkpoint['meta']
         if is_sharded_checkpoint(path):
-            restart = check_epoch_length(meta, self.iters_per_epoch, self.world_size, self.resume_policy, path)
+            restart = self._check_epoch_length(meta, path)
         changes = self._config_changes(meta)
         if changes and self.optimizer is not None:
             apply_optimizer_changes(self.optimizer, changes)
@@ -724,6 +723,13 @@ class Trainer:
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
                          self.inner_iter)
         return checkpoint
+
+    def _check_epoch_length(self, meta, path):
+        # Only a map-style loader's position is a batch index into a permutation of the whole
+        # dataset; streams carry their own position (train_stream.py) and re-plan themselves.
+        if not isinstance(getattr(self.train_dataloader, 'batch_sampler', None), ResumableBatchSampler):
+            return None
+        return check_epoch_length(meta, self.iters_per_epoch, self.world_size, self.resume_policy, path)
 
     def _config_changes(self, meta):
         """Log, in one block, how the current config differs from the checkpoint's."""
