@@ -1,9 +1,13 @@
-"""Checkpoint timings: save and load of a 100 MB model, and the time to resume in the middle
-of a 10,000-batch epoch versus at its start.
+"""Checkpoint timings: save and load of a 100 MB model, the training loop's stall at a save
+point with synchronous and asynchronous (``async_save=True``) saves, and the time to resume in
+the middle of a 10,000-batch epoch versus at its start.
 
-    PYTHONPATH=. python bench/checkpoint_timing.py [--repeats 3] [--device cpu|cuda]
+    PYTHONPATH=. python bench/checkpoint_timing.py [--repeats 3] [--device cpu|cuda] [--saves 5]
 
-Prints a table (median of ``--repeats`` runs). The resume time is measured from
+Prints a table (median of ``--repeats`` runs). The stall is how much longer an iteration with
+a save point takes than a normal one (median over ``--saves`` saves in one process, the
+last save left out: the run waits for it at the end); peak extra memory is the largest rise
+of the process's resident memory during the run over its value at the start. The resume time is measured from
 ``trainer.train()`` to the first ``before_train_iter``: loading the checkpoint, restoring
 every state, starting the sampler at the saved position and fetching the first batch. For
 comparison it also times what a trainer without a resumable sampler does (ModelScope's way):
@@ -13,6 +17,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 
 import torch
@@ -72,6 +77,78 @@ def time_save_load(size_mb, device, repeats, directory):
     return os.path.getsize(path) / 2 ** 20, statistics.median(saves), statistics.median(plain), statistics.median(loads)
 
 
+class BigModel(nn.Module):
+    """A tiny trainable part (cheap iterations) and ``size_mb`` of frozen weights in a buffer,
+    so a checkpoint is large while an iteration stays short and the stall stands out."""
+
+    def __init__(self, size_mb):
+        super().__init__()
+        self.fc = nn.Linear(16, 1)
+        self.register_buffer('frozen', torch.randn(size_mb * 2 ** 18))
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.fc(x.remainder(10.0) * 0.1), y)  # bounded inputs: a finite loss
+
+
+class Stamps(Hook):
+    """The time at the end of each iteration (after the checkpoint hook has run)."""
+
+    def __init__(self):
+        self.times = []
+
+    def after_train_iter(self, trainer):
+        self.times.append(time.perf_counter())
+
+
+def resident_bytes():
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+class PeakMemory:
+    """Samples the resident memory every millisecond on a thread; ``extra`` is the peak over
+    the value when sampling started."""
+
+    def __enter__(self):
+        self.start = self.peak = resident_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, resident_bytes())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.extra = self.peak - self.start
+
+
+def time_stall(size_mb, device, saves, interval, directory, async_save, return_writer=False):
+    """(median stall s, median normal iteration s, peak extra memory bytes, staging buffers or,
+    with ``return_writer``, the trainer's background writer)."""
+    torch.manual_seed(0)
+    stamps = Stamps()
+    loader = DataLoader(Tokens(interval * saves * 8), batch_size=8)
+    work_dir = os.path.join(directory, 'async' if async_save else 'sync')
+    trainer = Trainer(BigModel(size_mb), optimizer=dict(type='SGD', lr=0.01), train_dataloader=loader,
+                      max_epochs=1, work_dir=work_dir, seed=0, device=device, log_level='WARNING',
+                      log_config=dict(interval=10 ** 9), custom_hooks=[stamps],
+                      checkpoint_config=dict(interval=interval, by_epoch=False, max_keep_ckpts=-1,
+                                             async_save=async_save))
+    with PeakMemory() as memory:
+        trainer.train()
+    trainer.close()
+    gaps = [b - a for a, b in zip(stamps.times, stamps.times[1:])]  # gaps[i]: iteration i + 2
+    save_gaps = [gaps[i] for i in range(len(gaps)) if (i + 2) % interval == 0 and i + 2 < len(stamps.times)]
+    normal = [gaps[i] for i in range(len(gaps)) if (i + 2) % interval not in (0, 1)]
+    writer = trainer._checkpoint_writer
+    buffers = writer if return_writer else (len(writer._staging) if writer is not None else 0)
+    return statistics.median(save_gaps) - statistics.median(normal), statistics.median(normal), memory.extra, buffers
+
+
 def make_trainer(work_dir, batches, batch_size, resume_from=None):
     torch.manual_seed(0)
     loader = DataLoader(Tokens(batches * batch_size), batch_size=batch_size, shuffle=True)
@@ -112,8 +189,24 @@ def main():
     parser.add_argument('--batches', type=int, default=10_000)
     parser.add_argument('--batch-size', type=int, default=32)
     parser.add_argument('--device', default='cpu')
+    parser.add_argument('--saves', type=int, default=5, help='saves per run for the stall figures')
+    parser.add_argument('--save-interval', type=int, default=2000,
+                        help='iterations between saves (training between saves must outlast a write)')
+    parser.add_argument('--stall-only', action='store_true', help='only the sync vs async stall figures')
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get('BENCH_DIR')) as directory:
+        stalls = {}
+        for async_save in (False, True):
+            stall, normal, extra, buffers = time_stall(args.size_mb, args.device, args.saves, args.save_interval,
+                                                       directory, async_save)
+            stalls[async_save] = stall
+            print(f'{"async" if async_save else "sync ":>5} saves of a {args.size_mb} MB model ({args.device}, '
+                  f'{args.saves} saves): stall {stall * 1e3:8.1f} ms per save (normal iteration '
+                  f'{normal * 1e3:.2f} ms), peak extra memory {extra / 2 ** 20:6.1f} MB'
+                  + (f', {buffers} staging buffers reused by every save' if async_save else ''))
+        print(f'async stall / sync stall: {stalls[True] / stalls[False]:.1%}')
+        if args.stall_only:
+            return
         size, save, plain, load = time_save_load(args.size_mb, args.device, args.repeats, directory)
         print(f'checkpoint of {size:.1f} MB ({args.device}): atomic save {save:.3f} s '
               f'(plain torch.save {plain:.3f} s), weights_only load {load:.3f} s')

@@ -1,21 +1,45 @@
-"""hookloop: a small, fixed PyTorch training loop; everything else is a hook."""
+"""hookloop: a small, fixed PyTorch training loop; everything else is a hook.
+
+The public names are loaded on first use (PEP 562), so ``import hookloop`` — and with it
+``hookloop --help`` — does not import torch; ``from hookloop import Trainer`` works as usual.
+"""
+import importlib
+
 __version__ = '0.1.0'
 
-from . import hooks  # noqa: E402,F401  (registers the built-in hooks)
-from .amp import auto_fp16, force_fp32  # noqa: E402
-from .config import Config, load_config  # noqa: E402
-from .data import seed_everything  # noqa: E402
-from . import hf_dataset  # noqa: E402,F401  (registers the HFDataset dataset type)
-from .errors import CheckpointError, ConfigError, DataError, HookloopError, InvalidLossError  # noqa: E402
-from .evaluation import Accuracy, TorchMetricEvaluator  # noqa: E402
-from .hooks import Hook  # noqa: E402
-from .priority import Priority, get_priority  # noqa: E402
-from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIMIZERS, TRAINERS, Registry  # noqa: E402
-from .trainer import Trainer, build_trainer  # noqa: E402
-from . import dreambooth  # noqa: E402,F401  (registers the dreambooth_diffusion trainer)
+# public name -> the submodule that defines it
+_PUBLIC = {
+    'auto_fp16': 'amp', 'force_fp32': 'amp',
+    'Config': 'config', 'load_config': 'config', 'seed_everything': 'data',
+    'CheckpointError': 'errors', 'ConfigError': 'errors', 'DataError': 'errors', 'HookloopError': 'errors',
+    'InvalidLossError': 'errors',
+    'Accuracy': 'evaluation', 'TorchMetricEvaluator': 'evaluation',
+    'Hook': 'hooks',
+    'Priority': 'priority', 'get_priority': 'priority',
+    'DATASETS': 'registry', 'HOOKS': 'registry', 'METRICS': 'registry', 'MODELS': 'registry',
+    'OPTIMIZERS': 'registry', 'TRAINERS': 'registry', 'Registry': 'registry',
+    'Trainer': 'trainer', 'build_trainer': 'trainer',
+}
 
 __all__ = ['__version__', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_priority', 'Registry', 'HOOKS',
            'TRAINERS', 'OPTIMIZERS', 'MODELS', 'DATASETS', 'METRICS', 'Config', 'load_config', 'Accuracy',
            'TorchMetricEvaluator', 'HookloopError', 'ConfigError', 'CheckpointError', 'InvalidLossError',
-           'DataError']
-__all__ += ['auto_fp16', 'force_fp32', 'seed_everything']
+           'DataError', 'auto_fp16', 'force_fp32', 'seed_everything']
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f'{__name__}.{_PUBLIC[name]}'), name)
+    else:
+        try:  # a submodule: hookloop.hooks, hookloop.checkpoint, ...
+            value = importlib.import_module(f'{__name__}.{name}')
+        except ModuleNotFoundError as exc:
+            if exc.name != f'{__name__}.{name}':
+                raise
+            raise AttributeError(f'module {__name__!r} has no attribute {name!r}') from None
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -7,6 +7,7 @@ instance and state.
 import math
 import os
 
+from . import storage
 from .checkpoint import inside, remove_checkpoint
 from .errors import ConfigError
 
@@ -60,7 +61,7 @@ class BestCheckpoint:
         that lands outside it (another run's file) is forgotten, never deleted."""
         self._directory = directory
         if self._stored_path is not None:
-            path = os.path.normpath(os.path.join(directory, self._stored_path))
+            path = storage.resolve(directory, self._stored_path)
             self.path = path if inside(path, directory) else None
             self._stored_path = None
 
@@ -91,11 +92,11 @@ class BestCheckpoint:
             return False
         previous = self.path
         self.score, self.metric = score, key
-        self.path = os.path.join(directory, f'best_{key}_{filename}')
+        self.path = storage.join(directory, f'best_{key}_{filename}')
         write(self.path)
         if trainer.rank == 0 and previous and previous != self.path and inside(previous, directory):
             for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
-                if os.path.exists(victim):
+                if storage.exists(victim):
                     remove_checkpoint(victim)
         trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
         return True
@@ -117,12 +118,12 @@ class BestCheckpoint:
     def run_summary(self, trainer):
         if self.path is None:
             return {}
-        return {f'best {self.metric}': f'{self.score:.6g} ({os.path.relpath(self.path, trainer.work_dir)})'}
+        return {f'best {self.metric}': f'{self.score:.6g} ({_shown(self.path, trainer.storage_dir)})'}
 
     def state_dict(self):
         path = self.path
         if path is not None and self._directory is not None and inside(path, self._directory):
-            path = os.path.relpath(path, self._directory)
+            path = storage.relpath(path, self._directory)
         return {'best_score': self.score, 'best_path': path, 'rule': self.rule}
 
     def load_state_dict(self, state):
@@ -131,3 +132,8 @@ class BestCheckpoint:
         if self._directory is not None:
             self.bind(self._directory)
         self.rule = self.rule or state.get('rule')
+
+
+def _shown(path, base):
+    """``path`` relative to ``base`` when it lies inside it, else as it is."""
+    return storage.relpath(path, base) if inside(path, base) else path

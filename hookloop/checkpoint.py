@@ -6,8 +6,10 @@ A checkpoint is a dict of tensors and plain containers, so
 import errno
 import glob
 import hashlib
+import io
 import os
 import pickle
+import posixpath
 import shutil
 import random
 import re
@@ -16,6 +18,7 @@ import tempfile
 import numpy as np
 import torch
 
+from . import storage
 from .errors import CheckpointError
 
 POINTER_NAME = 'last_checkpoint'
@@ -51,7 +54,12 @@ def _reason(exc):
 def write_temporary(path, write):
     """Call ``write(file)`` on a new temporary file beside ``path``, flush and fsync it;
     return the temporary's path. The file gets the permissions ``open()`` would give
-    (``0o666`` less the umask), not ``mkstemp``'s private 0600. On error it is removed."""
+    (``0o666`` less the umask), not ``mkstemp``'s private 0600. On error it is removed.
+
+    For a URL the temporary is an object ``.<name>.<random>.tmp`` beside ``path``
+    (see :func:`hookloop.storage.write_temporary_url`)."""
+    if storage.is_url(path):
+        return storage.write_temporary_url(path, write)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=TMP_SUFFIX, dir=directory)
     try:
@@ -67,6 +75,8 @@ def write_temporary(path, write):
 
 
 def discard(tmp_path):
+    if storage.is_url(tmp_path):
+        return storage.remove_quietly(tmp_path)
     try:
         os.unlink(tmp_path)
     except OSError:
@@ -76,7 +86,7 @@ def discard(tmp_path):
 def file_checksum(path, chunk=1 << 22):
     """SHA-256 of a file's bytes, as hex."""
     digest = hashlib.sha256()
-    with open(path, 'rb') as f:
+    with storage.open_read(path) as f:
         for block in iter(lambda: f.read(chunk), b''):
             digest.update(block)
     return digest.hexdigest()
@@ -91,12 +101,20 @@ def write_checksum(path, digest):
 
     Written *before* the checkpoint is renamed into place: a kill between the two leaves
     a checksum for a file that is not there yet, never a checkpoint without its checksum."""
-    line = f'{digest}  {os.path.basename(path)}\n'.encode()
+    line = f'{digest}  {storage.basename(path)}\n'.encode()
     commit(write_temporary(checksum_path(path), lambda f: f.write(line)), checksum_path(path))
 
 
 def commit(tmp_path, path):
-    """Rename the finished temporary over ``path`` (atomic on POSIX) and fsync the directory."""
+    """Rename the finished temporary over ``path`` (atomic on POSIX) and fsync the directory.
+    For a URL the temporary object is moved to ``path`` (see :mod:`hookloop.storage`)."""
+    if storage.is_url(path):
+        try:
+            storage.move(tmp_path, path)
+        except BaseException:
+            discard(tmp_path)
+            raise
+        return
     try:
         os.replace(tmp_path, path)
     except BaseException:
@@ -106,14 +124,16 @@ def commit(tmp_path, path):
 
 
 def atomic_write(path, write):
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to
-    ``path``. On any error the temporary file is removed and ``path`` is untouched."""
+    """Call ``write(file)`` on a temporary file (or object, for a URL) beside ``path``,
+    fsync it, rename (move) it to ``path``. On any error the temporary is removed and
+    ``path`` is untouched."""
     commit(write_temporary(path, write), path)
 
 
 def save_checkpoint(checkpoint, path):
-    """Write ``checkpoint`` to ``path``: temporary file, fsync, checksum sidecar, rename.
-    CheckpointError on I/O failure (the previous file at ``path`` is kept)."""
+    """Write ``checkpoint`` to ``path`` (a local path or a URL): temporary file, fsync,
+    checksum sidecar, rename. CheckpointError on I/O failure (the previous file at ``path``
+    is kept)."""
     try:
         tmp_path = write_temporary(path, lambda f: torch.save(checkpoint, f))
         try:
@@ -131,6 +151,8 @@ def save_checkpoint(checkpoint, path):
 
 
 def _disk_full(path):
+    if storage.is_url(path):
+        return False
     try:
         stats = os.statvfs(os.path.dirname(os.path.abspath(path)))
     except OSError:
@@ -138,8 +160,22 @@ def _disk_full(path):
     return stats.f_bavail == 0
 
 
+def write_checkpoint(checkpoint, path, pointer_dir=None):
+    """Save ``checkpoint`` to ``path`` atomically (with its checksum sidecar), then (with
+    ``pointer_dir``) move that directory's ``last_checkpoint`` pointer to it: the order
+    that keeps the pointer valid. The asynchronous writer runs this same sequence."""
+    save_checkpoint(checkpoint, path)
+    if pointer_dir is not None:
+        update_pointer(pointer_dir, path)
+
+
 def remove_checkpoint(path):
     """Delete a checkpoint (a file, or an FSDP directory of shards) and its checksum."""
+    if storage.is_url(path):
+        for victim in (path, checksum_path(path)):
+            if storage.exists(victim):
+                storage.remove(victim)
+        return
     if os.path.isdir(path):
         shutil.rmtree(path)
     elif os.path.exists(path):
@@ -152,23 +188,34 @@ def verify_checksum(path):
     """Compare ``path`` with its ``.sha256`` sidecar. Returns False when there is no sidecar
     (a file hookloop did not write, e.g. a plain ``torch.save``); CheckpointError on a mismatch."""
     sidecar = checksum_path(path)
-    if not os.path.isfile(sidecar):
+    if not storage.isfile(sidecar):
         return False
     try:
-        with open(sidecar, 'rb') as f:
-            expected = f.read().split()[0].decode('ascii')
+        expected = storage.read_bytes(sidecar).split()[0].decode('ascii')
     except (OSError, IndexError, UnicodeDecodeError):
         raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
     if file_checksum(path) != expected:
-        raise CheckpointError(f'{path!r} is damaged: its SHA-256 does not match {os.path.basename(sidecar)} '
+        raise CheckpointError(f'{path!r} is damaged: its SHA-256 does not match {storage.basename(sidecar)} '
                               '(changed or corrupted after it was written)')
     return True
 
 
 # -- the pointer to the latest checkpoint ---------------------------------------------------
 
+def _url_normpath(url):
+    return storage.normpath(url)
+
+
 def inside(path, directory):
-    """True when ``path`` (resolving symlinks) lies inside ``directory``."""
+    """True when ``path`` lies inside ``directory``: for local paths after resolving
+    symlinks; for URLs when the posix-normalised path starts with ``directory + '/'``
+    (a URL is never inside a local directory, nor the other way round)."""
+    path, directory = os.fspath(path), os.fspath(directory)
+    if storage.is_url(path) or storage.is_url(directory):
+        if not (storage.is_url(path) and storage.is_url(directory)):
+            return False
+        path, directory = _url_normpath(path), _url_normpath(directory).rstrip('/')
+        return path == directory or path.startswith(directory + '/')
     path, directory = os.path.realpath(path), os.path.realpath(directory)
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
@@ -176,14 +223,21 @@ def inside(path, directory):
 def update_pointer(work_dir, checkpoint_path):
     """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically).
 
-    A checkpoint inside the work dir is stored relative to it, so a copied or moved work
-    dir names its own files; only a checkpoint hook's explicit outside ``out_dir`` is
-    stored as an absolute path. Called only after the checkpoint itself is renamed into
-    place, so the pointer always names a complete file."""
-    pointer = os.path.join(work_dir, POINTER_NAME)
-    target = os.path.abspath(checkpoint_path)
-    if inside(target, work_dir):
-        target = os.path.relpath(os.path.realpath(target), os.path.realpath(work_dir))
+    A checkpoint inside the work dir (the storage dir: a local path or a URL) is stored
+    relative to it (a plain file name like ``iter_10.pth``), so a copied or moved work dir
+    names its own files; only a checkpoint hook's explicit outside ``out_dir`` is stored as
+    an absolute path (or a full URL). Called only after the checkpoint itself is renamed
+    into place, so the pointer always names a complete file."""
+    work_dir = os.fspath(work_dir)
+    pointer = storage.join(work_dir, POINTER_NAME)
+    if storage.is_url(checkpoint_path) or storage.is_url(work_dir):
+        target = storage.normalize(checkpoint_path) if storage.is_url(checkpoint_path) else os.path.abspath(checkpoint_path)
+        if inside(target, work_dir):
+            target = storage.relpath(target, work_dir)
+    else:
+        target = os.path.abspath(checkpoint_path)
+        if inside(target, work_dir):
+            target = os.path.relpath(os.path.realpath(target), os.path.realpath(work_dir))
     try:
         atomic_write(pointer, lambda f: f.write(target.encode()))
     except OSError as exc:
@@ -198,12 +252,18 @@ def read_pointer(work_dir, also_inside=()):
     path outside the work dir (and outside the directories ``also_inside``, a checkpoint
     hook's own ``out_dir``): a pointer never leads a run into another run's files."""
     work_dir = os.fspath(work_dir)
-    pointer = os.path.join(work_dir, POINTER_NAME)
-    if not os.path.lexists(pointer):
+    pointer = storage.join(work_dir, POINTER_NAME)
+    url = storage.is_url(work_dir)
+    if not (storage.exists(pointer) if url else os.path.lexists(pointer)):
         return None
     try:
-        with open(pointer, 'rb') as f:
-            raw = f.read(4097)
+        if url:
+            if storage.isdir(pointer):
+                raise IsADirectoryError(pointer)
+            raw = storage.read_bytes(pointer)[:4097]
+        else:
+            with open(pointer, 'rb') as f:
+                raw = f.read(4097)
         text = raw.decode('utf-8').strip()
     except IsADirectoryError:
         raise CheckpointError(f'{pointer} is a directory, not a pointer file') from None
@@ -213,7 +273,10 @@ def read_pointer(work_dir, also_inside=()):
         raise CheckpointError(f'cannot read {pointer}: {_reason(exc)}') from None
     if not text or '\n' in text or '\0' in text or len(raw) > 4096:
         raise CheckpointError(f'{pointer} is damaged: it should hold one checkpoint path')
-    path = os.path.normpath(os.path.join(os.path.abspath(work_dir), text))
+    if url or storage.is_url(text):  # a URL work dir, or a pointer to a checkpoint hook's URL out_dir
+        path = storage.resolve(work_dir, text)
+    else:
+        path = os.path.normpath(os.path.join(os.path.abspath(work_dir), text))
     if not any(inside(path, d) for d in (work_dir, *also_inside)):
         raise CheckpointError(f'{pointer} names {text!r}, outside the work dir {work_dir!r}; refusing to follow '
                               'it into another run (resume from that file explicitly with resume_from=PATH)')
@@ -224,6 +287,8 @@ def remove_stale_temporaries(directory):
     """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
 
     Only rank 0 of the run that owns ``directory`` (it holds the work dir's lock) calls this."""
+    if storage.is_url(directory):
+        return storage.remove_stale_temporaries_url(directory)
     removed = []
     for path in glob.glob(os.path.join(glob.escape(directory), '.*' + TMP_SUFFIX)):
         try:
@@ -251,19 +316,21 @@ def save_safetensors(state_dict, path):
 
 
 def load_checkpoint(path, map_location='cpu', verify=True):
-    """Load a checkpoint with ``weights_only=True``; anything else is a CheckpointError.
+    """Load a checkpoint (a local path or a URL) with ``weights_only=True``; anything else
+    is a CheckpointError.
 
     With ``verify`` the file is first compared with its ``.sha256`` sidecar when it has one."""
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise CheckpointError(f'checkpoint {path!r} does not exist')
-    if os.path.isdir(path):
+    if storage.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
-    if os.path.getsize(path) == 0:
+    if storage.size(path) == 0:
         raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): not a checkpoint')
     if verify:
         verify_checksum(path)
+    source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r'GLOBAL (\S+)', str(exc))
         if found is None:  # random bytes, not a pickle that asks for code

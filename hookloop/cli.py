@@ -38,7 +38,12 @@ def hooks_of_config(path, cfg_options=None):
 
     from .errors import ConfigError
     from .hook_list import HookList
+    from .compat.mmcv_config import needs_translation, translate
+    from .trainer import Trainer
     cfg = load_with_options(path, cfg_options)
+    cfg.pop('trainer', None)
+    if needs_translation(cfg):  # MMCV 1.x keys (runner=, data=, fp16=, ...): the names a Trainer takes
+        cfg, _ = translate(cfg, Trainer, build_data=False)
     imports = cfg.get('custom_imports') or []
     for module in [imports] if isinstance(imports, str) else imports:  # they may register hooks
         try:

@@ -12,18 +12,24 @@ Under ``strategy='fsdp'`` a checkpoint path names a *directory*:
 Loading verifies the checksums first and reads ``.metadata`` with a restricted unpickler
 (``dcp_metadata.py``), so a rigged directory runs no code.
 
-Resuming needs the same model and a process group (any world size DCP can reshard to).
+Resuming needs the same model and a process group of any size: DCP reshards. Tensors in
+hook states (EMA averages) that are sharded like the parameters (DTensors) are saved by every
+rank through DCP too, not from rank 0's shard alone; ``hookloop.pth`` holds a placeholder
+naming their DCP key, and a resume loads them into the hooks' current (resharded) tensors.
+Sharded checkpoints are local-only: their directory must be a local path.
 """
 import os
+from collections.abc import Mapping
 
 import torch
 
-from .checkpoint import atomic_write, file_checksum, load_checkpoint, save_checkpoint
+from .checkpoint import atomic_write, file_checksum, load_checkpoint, save_checkpoint, update_pointer
 from .dcp_metadata import METADATA_FILE, read_dcp_metadata, safe_reader
 from .errors import CheckpointError, ConfigError
 
 META_FILE = 'hookloop.pth'
 SHARD_CHECKSUMS = 'shards.sha256'
+PLACEHOLDER = 'hookloop.dcp:'  # a hook-state tensor stored in the DCP files under the key that follows
 
 
 def fsdp2_available():
@@ -75,34 +81,109 @@ def _tensor_states(model, optimizer):
     return {'model': model_state, 'optimizer': optim_state}
 
 
-def save_sharded(checkpoint, path, model, optimizer, rank):
-    """Write ``checkpoint`` (the trainer's dict) as a sharded checkpoint directory ``path``.
+def _pull_dtensors(tree, key, found):
+    """``tree`` with each DTensor replaced by ``PLACEHOLDER + its key``, collected in ``found``."""
+    from torch.distributed.tensor import DTensor
+    if isinstance(tree, DTensor):
+        found[key] = tree
+        return PLACEHOLDER + key
+    if isinstance(tree, Mapping):
+        return {k: _pull_dtensors(v, f'{key}.{k}' if key else str(k), found) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_pull_dtensors(v, f'{key}.{i}', found) for i, v in enumerate(tree))
+    return tree
+
+
+def _push_tensors(tree, loaded):
+    """The inverse of :func:`_pull_dtensors`: placeholders replaced by ``loaded[key]``
+    (None where nothing was loaded for the key)."""
+    if isinstance(tree, str) and tree.startswith(PLACEHOLDER):
+        return loaded.get(tree[len(PLACEHOLDER):])
+    if isinstance(tree, Mapping):
+        return {k: _push_tensors(v, loaded) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_push_tensors(v, loaded) for v in tree)
+    return tree
+
+
+def _refuse_accumulated_grads(hook_states):
+    """FSDP2 reduce-scatters every backward, so mid-window gradients are sharded partial sums
+    that a resume could not place (the optimizer hook's ``grads`` state)."""
+    for name, state in hook_states.items():
+        if isinstance(state, Mapping) and state.get('grads') is not None:
+            raise CheckpointError(f'strategy="fsdp": cannot save inside a gradient-accumulation window ({name} '
+                                  'holds accumulated gradients, which a sharded checkpoint does not restore); '
+                                  'save at window ends: a checkpoint interval that is a multiple of cumulative_iters')
+
+
+def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, writer=None):
+    """Write ``checkpoint`` (the trainer's dict) as a sharded checkpoint directory ``path``,
+    then (rank 0, with ``pointer_dir``) move that directory's ``last_checkpoint`` to it.
 
     Every rank must call this. The ``state_dict`` and ``optimizer`` entries of
-    ``checkpoint`` are replaced by DCP's sharded states of ``model`` and ``optimizer``.
+    ``checkpoint`` are replaced by DCP's sharded states of ``model`` and ``optimizer``;
+    DTensors elsewhere (hook states, ``ema_state_dict``) are saved through DCP as ``extra``.
+    With ``writer`` (an :class:`~hookloop.async_checkpoint.AsyncCheckpointWriter`) the shards
+    are written by ``torch.distributed.checkpoint.async_save`` in the background; the
+    metadata file and the pointer follow when every rank's shards are on disk.
     """
     import torch.distributed.checkpoint as dcp
+    if '://' in os.fspath(path):
+        raise ConfigError(f'{path!r}: sharded (FSDP) checkpoints are written to a local directory only; '
+                          'give a local work_dir / out_dir')
+    _refuse_accumulated_grads(checkpoint.get('hooks', {}))
     os.makedirs(path, exist_ok=True)
     states = _tensor_states(model, optimizer if 'optimizer' in checkpoint else None)
-    dcp.save(states, checkpoint_id=path)
-    if rank == 0:
-        write_shard_checksums(path)
-        # Written last: its presence marks the directory as a complete checkpoint.
-        rest = {k: v for k, v in checkpoint.items() if k not in ('state_dict', 'optimizer')}
-        rest['sharded'] = sorted(states)
-        save_checkpoint(rest, os.path.join(path, META_FILE))
-    torch.distributed.barrier()
+    extra = {}
+    rest = _pull_dtensors({k: v for k, v in checkpoint.items() if k not in ('state_dict', 'optimizer')}, '', extra)
+    if extra:
+        states['extra'] = extra
+    rest['sharded'] = sorted(states)
+
+    def finish():
+        torch.distributed.barrier()  # every rank's shards are written (and .metadata)
+        if rank == 0:
+            write_shard_checksums(path)
+            # Written last: its presence marks the directory as a complete checkpoint.
+            save_checkpoint(rest, os.path.join(path, META_FILE))
+            if pointer_dir is not None:
+                update_pointer(pointer_dir, path)
+        torch.distributed.barrier()
+
+    if writer is None:
+        dcp.save(states, checkpoint_id=path)
+        finish()
+    else:
+        # The background writes coordinate over a group of their own, so their collectives
+        # never interleave with the training's on the default group.
+        if getattr(writer, 'process_group', None) is None:
+            writer.process_group = torch.distributed.new_group(backend='gloo')
+        writer.submit_sharded(dcp.async_save(states, checkpoint_id=path, process_group=writer.process_group), finish)
 
 
-def load_sharded(path, model, optimizer):
+def load_sharded(path, model, optimizer, hook_states=None):
     """Load the model (and optimizer) shards of ``path`` in place; returns the rest of
-    the checkpoint (``meta``, ``hooks``, ``rng``, ...)."""
+    the checkpoint (``meta``, ``hooks``, ``rng``, ...).
+
+    ``hook_states``: the hooks' current ``state_dict()`` by name; their DTensors (sharded for
+    this run) receive the saved sharded hook tensors, which the returned ``hooks`` hold."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
     rest = verify_sharded(path)
     with_optimizer = optimizer is not None and 'optimizer' in rest.get('sharded', ())
     states = _tensor_states(model, optimizer if with_optimizer else None)
+    targets = {}
+    _pull_dtensors({'hooks': hook_states or {}}, '', targets)
+    wanted = set()
+    _collect_placeholders(rest.get('hooks', {}), wanted)
+    missing = sorted(wanted - set(targets))
+    if missing:
+        raise CheckpointError(f'{path!r} holds sharded hook state {missing[:3]} that no hook of this run '
+                              'has a sharded tensor for (a different hook set or model?)')
+    if wanted:
+        states['extra'] = {key: targets[key] for key in sorted(wanted)}
     dcp.load(states, storage_reader=safe_reader(path))
+    rest = _push_tensors(rest, states.get('extra', {}))
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=states['model'], optim_state_dict=states['optimizer'])
     else:
@@ -145,3 +226,14 @@ def verify_sharded(path):
                 raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
     read_dcp_metadata(path)
     return load_checkpoint(os.path.join(path, META_FILE))
+
+
+def _collect_placeholders(tree, keys):
+    if isinstance(tree, str) and tree.startswith(PLACEHOLDER):
+        keys.add(tree[len(PLACEHOLDER):])
+    elif isinstance(tree, Mapping):
+        for value in tree.values():
+            _collect_placeholders(value, keys)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            _collect_placeholders(value, keys)

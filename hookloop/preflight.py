@@ -2,6 +2,7 @@
 before the work dir, its lock or any log file is created: a config error writes nothing."""
 import os
 
+from . import storage
 from .errors import ConfigError
 from .hooks.order import role_of
 from .paths import check_can_create_dir
@@ -17,4 +18,11 @@ def check_before_run(trainer):
         out_dir = getattr(hook, 'out_dir', None)
         if isinstance(out_dir, (str, os.PathLike)):
             what = f'{hook.name}: log directory' if role_of(hook) == 'logger' else f'{hook.name} out_dir'
-            check_can_create_dir(os.path.join(trainer.work_dir, out_dir), what)
+            # A checkpoint hook's out_dir is under the storage dir (maybe a URL); a logger's
+            # under the local work dir.
+            base = trainer.storage_dir if role_of(hook) == 'checkpoint' else trainer.work_dir
+            path = storage.join(base, os.fspath(out_dir))
+            if storage.is_url(path):
+                storage.filesystem(path)  # an unknown protocol or a missing package: one line
+            else:
+                check_can_create_dir(path, what)

@@ -44,6 +44,21 @@ def check_call_arguments(target, kwargs, what=None):
         raise ConfigError(f'{name}: {exc}') from None
 
 
+# Modules whose import registers hookloop's own entries (hooks, trainers). ``import hookloop``
+# is lazy (no torch for ``hookloop --help``), so they are imported at a registry's first lookup.
+BUILTIN_MODULES = ('hookloop.hooks', 'hookloop.hf_dataset', 'hookloop.dreambooth')
+_builtins_loaded = False
+
+
+def _load_builtins():
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        import importlib
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)
+
+
 class Registry:
     """A named table of classes (or factory functions) buildable from config dicts."""
 
@@ -55,12 +70,15 @@ class Registry:
         return f'Registry({self.name!r}, {len(self._modules)} entries)'
 
     def __contains__(self, name):
+        _load_builtins()
         return name in self._modules
 
     def __len__(self):
+        _load_builtins()
         return len(self._modules)
 
     def keys(self):
+        _load_builtins()
         return list(self._modules)
 
     def get(self, name):
@@ -68,7 +86,9 @@ class Registry:
         try:
             return self._modules[name]
         except KeyError:
-            pass
+            _load_builtins()
+        if name in self._modules:
+            return self._modules[name]
         hint = closest_names(name, self._modules)
         hint = f'; closest: {", ".join(hint)}' if hint else ''
         raise ConfigError(f'{name!r} is not registered in the {self.name} registry{hint}')

@@ -3,10 +3,13 @@
 The pointer's target is tried first; when it is damaged (zero bytes, truncated, a flipped
 byte, missing), the other checkpoints of the work dir are tried from the newest back.
 Every skipped file is logged with the reason and left where it is: damaged files are
-evidence, and deleting them is the user's call.
+evidence, and deleting them is the user's call. The work dir may be an fsspec URL: the
+candidates are listed and read through :mod:`hookloop.storage`.
 """
 import os
 import re
+
+from . import storage
 
 from .checkpoint import CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, load_checkpoint, read_pointer
 from .errors import CheckpointError
@@ -25,7 +28,7 @@ def load_verified(path, map_location='cpu'):
 
 def _position(path, iters_per_epoch):
     """Where a checkpoint's name says it stands, in iterations (-1 when the name does not say)."""
-    found = _POSITION.search(os.path.basename(path))
+    found = _POSITION.search(storage.basename(path))
     if found is None:
         return -1
     kind, n = found.group(1), int(found.group(2))
@@ -36,13 +39,17 @@ def checkpoints_in(directories):
     """Checkpoint files and sharded checkpoint directories in ``directories`` (not recursive)."""
     found = []
     for directory in directories:
-        if not os.path.isdir(directory):
+        directory = os.fspath(directory)
+        if not storage.isdir(directory):
             continue
-        for name in os.listdir(directory):
-            path = os.path.join(directory, name)
+        for name in sorted(storage.listdir(directory)):
+            path = storage.join(directory, name)
             if name.startswith('.') or name.endswith((TMP_SUFFIX, CHECKSUM_SUFFIX)) or name == POINTER_NAME:
                 continue
-            if (name.endswith('.pth') and os.path.isfile(path)) or is_sharded_checkpoint(path):
+            if storage.is_url(path):  # sharded checkpoints are local-only
+                if name.endswith('.pth') and storage.isfile(path):
+                    found.append(path)
+            elif (name.endswith('.pth') and os.path.isfile(path)) or is_sharded_checkpoint(path):
                 found.append(path)
     return found
 
@@ -51,7 +58,8 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
     """``(path, checkpoint)`` of the newest good checkpoint, or ``None`` when the work dir
     has no checkpoint at all. CheckpointError when checkpoints exist but none is usable, or
     when the pointer names a path outside the work dir and ``directories``."""
-    pointer = os.path.join(work_dir, POINTER_NAME)
+    work_dir = os.fspath(work_dir)
+    pointer = storage.join(work_dir, POINTER_NAME)
     skipped = []
     try:
         target = read_pointer(work_dir, also_inside=directories)
@@ -61,10 +69,10 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
         skipped.append((pointer, str(exc)))
         target = None
     others = sorted(checkpoints_in([work_dir, *directories]),
-                    key=lambda p: (_position(p, max(iters_per_epoch, 1)), os.path.getmtime(p)), reverse=True)
+                    key=lambda p: (_position(p, max(iters_per_epoch, 1)), storage.mtime(p)), reverse=True)
     candidates = ([target] if target is not None else []) + [p for p in others if p != target]
     for path in candidates:
-        if not os.path.exists(path):
+        if not storage.exists(path):
             skipped.append((path, f'{POINTER_NAME} names it but it does not exist (moved or deleted?)'))
             continue
         try:
@@ -81,5 +89,5 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
         return path, checkpoint
     if not skipped:
         return None
-    reasons = '; '.join(f'{os.path.basename(p)}: {why}' for p, why in skipped)
+    reasons = '; '.join(f'{storage.basename(p)}: {why}' for p, why in skipped)
     raise CheckpointError(f'--resume auto: no usable checkpoint in {work_dir} (tried {len(skipped)}: {reasons})')

@@ -8,6 +8,7 @@ import os
 import time
 
 from .checkpoint import read_pointer
+from .errors import CheckpointError
 
 
 def summary_items(trainer, start_time, start_iter):
@@ -18,9 +19,12 @@ def summary_items(trainer, start_time, start_iter):
         method = getattr(hook, 'run_summary', None)
         if method is not None:
             items.update(method(trainer) or {})
-    last = read_pointer(trainer.work_dir) if trainer.rank == 0 else None
-    if last:
-        items['last checkpoint'] = os.path.relpath(last, trainer.work_dir)
+    try:
+        last = read_pointer(trainer.storage_dir, also_inside=trainer._checkpoint_dirs()) if trainer.rank == 0 else None
+    except CheckpointError:
+        last = None
+    if last:  # a URL (fsspec work dir or out_dir) is shown as it is
+        items['last checkpoint'] = last if '://' in last else os.path.relpath(last, trainer.storage_dir)
     logs = [os.path.relpath(h.baseFilename, trainer.work_dir) for h in trainer.logger.handlers
             if isinstance(getattr(h, 'baseFilename', None), str)]  # the .log is a deferred handler
     if logs:

@@ -57,8 +57,11 @@ def _global_rng_untouched():
 class TrainStream:
     """Batches of ``loader`` for the training loop, with a resumable position."""
 
-    def __init__(self, loader, seed, rank=0, world_size=1, per_epoch=True, logger=None, name='train_dataloader'):
+    def __init__(self, loader, seed, rank=0, world_size=1, per_epoch=True, logger=None, name='train_dataloader',
+                 wrap_batches=None):
         self.loader, self.seed, self.rank, self.world_size = loader, seed, rank, world_size
+        # Applied to each pass's iterator on the sampler path (the CUDA device prefetcher).
+        self.wrap_batches = wrap_batches
         self.per_epoch = per_epoch
         self.logger, self.name = logger, name
         self.way, self.owner, self.reason = resume_plan(loader)
@@ -125,7 +128,9 @@ class TrainStream:
         start = self.batches_in_pass
         set_loader_epoch(self.loader, self.seed, self.pass_index, self.rank, start)
         if self.way == 'sampler':
-            self._batches, self._restored = iter(self.loader), start > 0
+            batches = iter(self.loader)
+            self._batches = self.wrap_batches(batches) if self.wrap_batches else batches
+            self._restored = start > 0
             return
         with _global_rng_untouched():
             from_state = self._saved_state is not None

@@ -10,12 +10,17 @@ import os
 import random
 import time
 from collections.abc import Mapping
+from operator import attrgetter
 
 import torch
 
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
-from .checkpoint import get_rng_state, load_checkpoint, save_checkpoint, set_rng_state, update_pointer
+from .async_checkpoint import AsyncCheckpointWriter
+from . import storage
+from .compile import compile_model, compile_options
+from .checkpoint import get_rng_state, load_checkpoint, set_rng_state
+from .checkpoint import write_checkpoint as write_checkpoint_file
 from .data import ResumableBatchSampler, seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
@@ -30,6 +35,7 @@ from .paths import check_can_create_dir, ensure_writable_dir
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
 from .position import Position
+from .prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
 from .registry import TRAINERS
 from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
@@ -106,6 +112,12 @@ class Trainer:
         find_unused_parameters: passed to ``DistributedDataParallel``.
         resume_policy: ``None`` (a resume whose batches per epoch changed mid-epoch is
             refused) or ``'restart_epoch'`` (such a resume continues from the next epoch).
+        compile: ``True`` or a dict of ``torch.compile`` options (``mode``, ``fullgraph``,
+            ``dynamic``, ``backend``, ``options``): the training and validation steps call the
+            compiled model; checkpoints keep the plain module's keys (``hookloop/compile.py``).
+        device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
+            on a side stream) while the current step runs (``hookloop/prefetch.py``); no effect
+            on the CPU.
         **mmcv_keys: MMCV 1.x config keys (``runner``, ``data``, ``workflow``, ``fp16``, ...), translated
             by :mod:`hookloop.compat.mmcv_config`; other names are refused, with "did you mean".
     """
@@ -117,7 +129,7 @@ class Trainer:
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
-                 resume_policy=None, **mmcv_keys):
+                 resume_policy=None, compile=None, device_prefetch=True, **mmcv_keys):
         arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
         arguments.update(mmcv_keys)
         from .compat.mmcv_config import needs_translation, translate
@@ -145,7 +157,7 @@ class Trainer:
                               'load_from is used only when there is nothing to resume)')
         for name, path in (('resume_from', resume_from), ('load_from', load_from)):
             sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
-            if path is not None and path != 'auto' and not (os.path.isfile(path) or sharded):
+            if path is not None and path != 'auto' and not (storage.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
         if resume_policy not in RESUME_POLICIES:
             raise ConfigError(f'resume_policy must be one of {list(RESUME_POLICIES)}, got {resume_policy!r}')
@@ -156,7 +168,10 @@ class Trainer:
         self.loss_fn = loss_fn
 
         self.rank, self.world_size = init_distributed(launcher, dist_backend, dist_timeout, device)
-        self.work_dir = self._make_work_dir(work_dir)
+        # storage_dir: where checkpoints and the pointer go (a path or an fsspec URL);
+        # work_dir: a local directory for files written with open() (logs, event files),
+        # the same as storage_dir unless that is a URL (then copied there at the end).
+        self.storage_dir, self.work_dir = self._make_work_dir(work_dir)
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
         if seed is None:
@@ -175,9 +190,11 @@ class Trainer:
                               'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
                               'run it single-process or give the model a forward that returns the losses')
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
+        self.device_prefetch = device_prefetch
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
+        compile_model(self.model, compile_options(compile))  # in place: wrappers and keys unchanged
         if is_sharded_model(self.wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError('strategy="fsdp" replaces the parameters with sharded ones: pass the optimizer '
                               'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
@@ -202,8 +219,9 @@ class Trainer:
         self._dispatch = None
         self._set_up = set()  # ids of the hooks whose setup() ran
         self._running = False
-        self._lock = WorkDirLock(self.work_dir)
+        self._lock = WorkDirLock(self.work_dir)  # the local work dir (for a URL run: its local mirror)
         self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
+        self._checkpoint_writer = None  # the background writer of async saves, made on first use
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
@@ -213,17 +231,32 @@ class Trainer:
     def _make_work_dir(self, work_dir):
         if not isinstance(work_dir, (str, os.PathLike)):
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
-        work_dir = os.path.abspath(os.fspath(work_dir))
+        work_dir = os.fspath(work_dir)
+        if storage.is_url(work_dir):
+            # Created when the run starts too (_claim_work_dir); the protocol is checked now.
+            url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
+            if self.rank == 0:
+                storage.filesystem(url)  # an unknown protocol fails here, in one line
+                check_can_create_dir(work_dir, 'local mirror of work_dir')
+            return url, work_dir
+        work_dir = os.path.abspath(work_dir)
         if self.rank == 0:  # created when the run starts, so a failed build leaves nothing behind
             check_can_create_dir(work_dir, 'work_dir')
-        return work_dir
+        return work_dir, work_dir
 
     def _claim_work_dir(self):
         """Rank 0: create the work dir and take its lock for the whole run (one run per dir)."""
         if self.rank != 0:
             return
-        ensure_writable_dir(self.work_dir, 'work_dir')
+        ensure_writable_dir(self.work_dir, 'work_dir' if self.storage_dir == self.work_dir else
+                            'local mirror of work_dir')
         self._lock.acquire()
+        if self.storage_dir != self.work_dir:  # a URL: not locked across machines (see docs/checkpoints.md)
+            try:
+                storage.makedirs(self.storage_dir)
+            except BaseException:
+                self._lock.release()
+                raise
 
     def _init_progress(self):
         loader = self.train_dataloader
@@ -244,7 +277,10 @@ class Trainer:
                                   'tell where an epoch ends: train with max_iters=..., or give iters_per_epoch=...')
             self.iters_per_epoch = self.max_iters
         per_epoch = self._given_iters_per_epoch is None and length is not None  # one pass per epoch
-        self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger)
+        prefetch = uses_prefetch(self.device, loader, self.device_prefetch)  # then to_device is a no-op
+        self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger,
+                                        wrap_batches=(lambda batches: DevicePrefetcher(batches, self.device))
+                                        if prefetch else None)
         if self.by_epoch:
             self.max_iters = self.max_epochs * self.iters_per_epoch
         else:
@@ -264,12 +300,12 @@ class Trainer:
         """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
         return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)
 
-    # The counters live in ``self.position`` (see hookloop/position.py); these read it.
-    epoch = property(lambda self: self.position.epoch, lambda self, v: setattr(self.position, 'epoch', v))
-    iter = property(lambda self: self.position.iter, lambda self, v: setattr(self.position, 'iter', v))
-    inner_iter = property(lambda self: self.position.inner_iter,
-                          lambda self, v: setattr(self.position, 'inner_iter', v))
-    val_iter = property(lambda self: self.position.val_iter, lambda self, v: setattr(self.position, 'val_iter', v))
+    # The counters live in ``self.position`` (see hookloop/position.py); these read it
+    # (attrgetter: a C-level getter, as cheap as a plain attribute for hooks reading it each step).
+    epoch = property(attrgetter('position.epoch'), lambda self, v: setattr(self.position, 'epoch', v))
+    iter = property(attrgetter('position.iter'), lambda self, v: setattr(self.position, 'iter', v))
+    inner_iter = property(attrgetter('position.inner_iter'), lambda self, v: setattr(self.position, 'inner_iter', v))
+    val_iter = property(attrgetter('position.val_iter'), lambda self, v: setattr(self.position, 'val_iter', v))
 
     @property
     def epoch_length(self):
@@ -388,7 +424,7 @@ class Trainer:
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
-                         self.world_size, self.work_dir)
+                         self.world_size, self.storage_dir)
         self.logger.debug('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
         self.exception = self.stop_reason = None
         self._running = True
@@ -415,13 +451,23 @@ class Trainer:
 
     def _finish_run(self, run_start):
         """``after_run`` on every exit path; on an error path a failing hook is logged,
-        not raised, so the original error stays visible. Then the closing summary."""
+        not raised, so the original error stays visible. Then the closing summary. A failed
+        background checkpoint write (``async_save``) fails the run here."""
         try:
             self._after_run(run_start)
         finally:
             self._lock.release()
 
     def _after_run(self, run_start):
+        save_error = None
+        try:
+            self.wait_for_checkpoint()  # after_run and error paths see the last save on disk
+        except CheckpointError as exc:
+            save_error = exc
+            if self.exception is None:
+                self.exception = exc
+            else:
+                self.logger.error('%s (while handling %r)', exc, self.exception)
         if self.exception is None:
             # Every hook's after_run runs (loggers close) even when an earlier one fails.
             failure = None
@@ -455,6 +501,18 @@ class Trainer:
         if self.profile_hooks:
             from .profiling import report_hook_timings
             report_hook_timings(self)
+        if self.rank == 0 and self.storage_dir != self.work_dir:
+            self._upload_logs()
+        if save_error is not None and self.exception is save_error:
+            raise save_error
+
+    def _upload_logs(self):
+        for handler in self.logger.handlers:
+            handler.flush()
+        try:
+            storage.upload_tree(self.work_dir, self.storage_dir)
+        except Exception as exc:  # the run's outcome stands; the logs stay in the local mirror
+            self.logger.error('could not copy the logs in %s to %s: %r', self.work_dir, self.storage_dir, exc)
 
     def _train_epoch(self):
         stream = self.train_stream
@@ -603,25 +661,42 @@ class Trainer:
         self.call_hook('before_save_checkpoint', checkpoint)
         return checkpoint
 
-    def write_checkpoint(self, checkpoint, path, update_last=True):
+    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False):
         """Write ``checkpoint`` (from :meth:`build_checkpoint`) atomically to ``path`` (absolute,
-        or relative to the work dir); with ``update_last`` move the ``last_checkpoint`` pointer."""
-        path = os.path.join(self.work_dir, path)
-        if is_sharded_model(self.wrapped_model):  # every rank writes its shards
-            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank)
-            if self.rank == 0 and update_last:
-                update_pointer(self.work_dir, path)
+        or relative to the work dir; a local path or an fsspec URL); with ``update_last`` move
+        the ``last_checkpoint`` pointer.
+
+        ``asynchronous=True`` copies the state to CPU memory and writes it on a background
+        thread (``hookloop/async_checkpoint.py``); a write always waits for the one in flight
+        first, so the staging copy is free and the pointer moves in save order."""
+        path = storage.join(self.storage_dir, path)
+        self.wait_for_checkpoint()
+        if asynchronous and self._checkpoint_writer is None:
+            self._checkpoint_writer = AsyncCheckpointWriter()
+        if is_sharded_model(self.wrapped_model):  # every rank writes its shards (dcp.async_save if asked)
+            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank,
+                         self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
             return path
         if self.rank == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            save_checkpoint(checkpoint, path)
-            if update_last:
-                update_pointer(self.work_dir, path)
+            storage.makedirs(storage.dirname(path))
+            pointer_dir = self.storage_dir if update_last else None
+            if asynchronous:
+                writer = self._checkpoint_writer
+                writer.submit(write_checkpoint_file, writer.stage(checkpoint), path, pointer_dir)
+            else:
+                write_checkpoint_file(checkpoint, path, pointer_dir)
         return path
 
-    def save_checkpoint(self, path, save_optimizer=True, update_last=True):
+    def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False):
         """Build and write a checkpoint; returns its path (see :meth:`write_checkpoint`)."""
-        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last)
+        self.wait_for_checkpoint()  # hooks' state must not change under a write in flight
+        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last, asynchronous)
+
+    def wait_for_checkpoint(self):
+        """Wait until a background checkpoint write (``async_save``) is on disk; a
+        CheckpointError if it failed."""
+        if self._checkpoint_writer is not None:
+            self._checkpoint_writer.wait()
 
     def _checkpoint_dirs(self):
         """Directories other than the work dir where this run's checkpoint hooks save."""
@@ -629,7 +704,7 @@ class Trainer:
         for hook in self.hooks:
             out_dir = getattr(hook, 'out_dir', None) if role_of(hook) == 'checkpoint' else None
             if isinstance(out_dir, (str, os.PathLike)):
-                dirs.append(os.path.join(self.work_dir, out_dir))
+                dirs.append(storage.join(self.storage_dir, os.fspath(out_dir)))
         return dirs
 
     def _resume_target(self):
@@ -640,10 +715,10 @@ class Trainer:
         ones are skipped (logged) and left in place."""
         path = self.resume_from
         if path == 'auto' or (path is None and self.auto_resume):
-            found = find_resumable(self.work_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
+            found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
                                    map_location=self.device)
             if found is None:
-                self.logger.info('no checkpoint in %s: starting a new run', self.work_dir)
+                self.logger.info('no checkpoint in %s: starting a new run', self.storage_dir)
                 return None, None
             return found
         if path is None:
@@ -663,9 +738,9 @@ class Trainer:
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
         ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
-        after ``before_run``, so hooks that initialise there (EMA) get their saved state back;
-        during a run (a hook's ``before_run``) it is restored at once."""
-        if not (os.path.isfile(path) or is_sharded_checkpoint(path)):
+        after ``setup`` and ``before_run``, so what hooks build there (EMA averages) gets its
+        saved state back; during a run (a hook's ``before_run``) it is restored at once."""
+        if not (storage.isfile(path) or is_sharded_checkpoint(path)):
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
         if self._running:
             return self._restore(path)
@@ -676,7 +751,8 @@ class Trainer:
         """Restore model, optimizer, counters, hook states and RNG from a checkpoint
         (``checkpoint``: its dict, when the caller has loaded and verified it already)."""
         if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
-            checkpoint = load_sharded(path, self.model, self.optimizer)
+            hook_states = {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')}
+            checkpoint = load_sharded(path, self.model, self.optimizer, hook_states)
         else:
             if checkpoint is None:
                 checkpoint = load_checkpoint(path, map_location=self.device)
@@ -718,7 +794,7 @@ class Trainer:
             except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
                 raise CheckpointError(f'{path!r} is damaged: its "rng" entry cannot be restored '
                                       f'({type(exc).__name__}: {exc})') from None
-        self.resumed_from = os.path.abspath(path)
+        self.resumed_from = storage.normalize(path)
         self.call_hook('after_load_checkpoint', checkpoint)
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
                          self.inner_iter)
@@ -758,10 +834,14 @@ class Trainer:
         return checkpoint
 
     def close(self):
-        """Release the log files and the work dir's lock (the trainer cannot log afterwards).
-        The process group stays up for later trainers in this process; it is destroyed at exit
-        (or at once when training fails), because re-creating it under torchrun is not reliable."""
-        self._lock.release()
+        """Release the log files and the work dir's lock (the trainer cannot log afterwards),
+        after waiting for a background checkpoint write. The process group stays up for later
+        trainers in this process; it is destroyed at exit (or at once when training fails),
+        because re-creating it under torchrun is not reliable."""
+        try:
+            self.wait_for_checkpoint()
+        finally:
+            self._lock.release()
         close_logger(self.logger)
 
 

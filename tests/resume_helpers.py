@@ -74,17 +74,17 @@ train_dataloader = dict(dataset=dict(type='AugmentedRegression', n=40, delay={de
 max_epochs = {max_epochs}
 seed = 0
 device = 'cpu'
-checkpoint_config = dict(interval={interval}, by_epoch=False)
+checkpoint_config = dict(interval={interval}, by_epoch=False{checkpoint_extra})
 custom_hooks = [dict(type='EMAHook', momentum=0.2, warm_up=3), dict(type='PreemptionHook')]
 log_config = dict(interval=1)
 '''
 
 
-def write_config(directory, big=0, delay=0.0, num_workers=0, max_epochs=4, interval=1):
+def write_config(directory, big=0, delay=0.0, num_workers=0, max_epochs=4, interval=1, async_save=False):
     path = os.path.join(directory, 'config.py')
     with open(path, 'w') as f:
         f.write(CONFIG.format(big=big, delay=delay, num_workers=num_workers, max_epochs=max_epochs,
-                              interval=interval))
+                              interval=interval, checkpoint_extra=', async_save=True' if async_save else ''))
     return path
 
 

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.skipif(not (torch_dist.is_available() and torch_dist.is
                                 reason='torch.distributed with gloo is not available')
 
 
-def torchrun(mode, out, timeout=240, env=None, program=None):
-    """Run the worker in ``mode`` on 2 ranks (or ``program``, a list of arguments);
+def torchrun(mode, out, timeout=240, env=None, program=None, nproc=2, launch=('--standalone',)):
+    """Run the worker in ``mode`` on ``nproc`` ranks (or ``program``, a list of arguments);
     ``(completed process, seconds)``."""
-    command = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2',
+    command = [sys.executable, '-m', 'torch.distributed.run', *launch, '--nproc-per-node', str(nproc),
                *(program or [WORKER, mode, str(out)])]
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.dirname(WORKER)]),
                     OMP_NUM_THREADS='1', **(env or {}))
@@ -255,3 +255,73 @@ def test_hf_streaming_dataset_is_split_across_ranks_disjoint_and_complete(tmp_pa
     assert len(ids[0]) == len(ids[1]) == 8
     assert not set(ids[0]) & set(ids[1])
     assert sorted(ids[0] + ids[1]) == list(range(16))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not W.fsdp2_available(), reason='this torch has no FSDP2 (fully_shard)')
+@pytest.mark.parametrize('saved_on, resumed_on', [(2, 1), (1, 2)], ids=['2to1', '1to2'])
+def test_fsdp_checkpoint_reshards_to_another_world_size_with_ema(tmp_path, saved_on, resumed_on):
+    """A sharded checkpoint (model, optimizer and EMA averages, each rank's shards) saved on
+    ``saved_on`` ranks, resumed on ``resumed_on``: before the first resumed iteration the
+    gathered model, momentum and EMA tensors equal those at the save, bit for bit, and
+    training continues to the end. The 2-rank save is asynchronous (``async_save=True``:
+    ``torch.distributed.checkpoint.async_save``), the 1-rank one synchronous."""
+    async_save = int(saved_on == 2)
+    check_ok(torchrun(None, tmp_path, nproc=saved_on,
+                      program=[WORKER, 'reshard_save', str(tmp_path), '0', str(async_save)])[0])
+    if async_save:
+        pointer = (tmp_path / 'work_reshard_w2' / 'last_checkpoint').read_text()
+        assert pointer.endswith('iter_10.pth')  # the last save, finished before the run ended
+        assert (tmp_path / 'work_reshard_w2' / 'iter_10.pth' / 'hookloop.pth').is_file()
+    proc, _ = torchrun(None, tmp_path, nproc=resumed_on,
+                       program=[WORKER, 'reshard_load', str(tmp_path), str(saved_on)])
+    check_ok(proc)
+    saved = torch.load(tmp_path / f'saved_w{saved_on}.pt', weights_only=True)
+    loaded = torch.load(tmp_path / f'loaded_w{saved_on}_on_w{resumed_on}.pt', weights_only=True)
+    assert saved['world_size'] == saved_on and loaded['world_size'] == resumed_on
+    assert loaded['iter'] == saved['iter'] + 1 == 2 * W.CKPT_INTERVAL
+    for part in ('model', 'momentum', 'ema'):
+        assert saved[part].keys() == loaded[part].keys() and saved[part]
+        for key in saved[part]:
+            assert torch.equal(saved[part][key], loaded[part][key]), f'{part}.{key}'
+    # The EMA differs from the weights (so the test would see rank 0's shard alone, or none).
+    assert any(not torch.equal(saved['ema'][k], saved['model'][k]) for k in saved['ema'])
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_torchrun_agents_train_like_one_standalone_job(tmp_path, main_run):
+    """``torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d`` started twice on
+    127.0.0.1 (two "machines" of one process): the same weights, bit for bit, as the
+    2-process standalone run of the main test, on both ranks."""
+    import threading
+    launch = ('--nnodes', '2', '--rdzv-backend', 'c10d', '--rdzv-endpoint', f'127.0.0.1:{free_port()}',
+              '--rdzv-id', f'hookloop-test-{os.getpid()}', '--max-restarts', '0')
+    results = [None, None]
+
+    def agent(index):
+        results[index] = torchrun('multinode', tmp_path, nproc=1, launch=launch, timeout=240)[0]
+    agents = [threading.Thread(target=agent, args=(i,)) for i in range(2)]
+    for thread in agents:
+        thread.start()
+    for thread in agents:
+        thread.join()
+    for proc in results:
+        assert proc is not None, 'a torchrun agent ran over its timeout'
+        check_ok(proc)
+    standalone = main_run[1][0]['weights']
+    nodes = set()
+    for rank in range(2):
+        result = torch.load(tmp_path / f'multinode_rank{rank}.pt', weights_only=True)
+        nodes.add(result['node_rank'])
+        for key in standalone:
+            assert torch.equal(result['weights'][key], standalone[key]), key
+    assert nodes == {0, 1}  # one process on each agent

@@ -191,3 +191,18 @@ def test_sharded_directory_is_for_resume_only(tmp_path, no_torchrun_env):
     trainer(tmp_path / 'a', resume_from=str(shard_dir))
     with pytest.raises(CheckpointError, match='load_from .* does not exist or is not a file'):
         trainer(tmp_path / 'b', load_from=str(shard_dir))
+
+
+def test_fsdp_save_inside_an_accumulation_window_is_refused(tmp_path, torchrun_env):
+    """FSDP2 reduce-scatters each backward: gradients accumulated so far cannot be restored
+    from a sharded checkpoint, so saving mid-window is refused, naming the fix."""
+    from hookloop.errors import CheckpointError
+    from hookloop.fsdp import fsdp2_available
+    if not fsdp2_available():
+        pytest.skip('this torch has no FSDP2 (fully_shard)')
+    t = trainer(tmp_path, strategy='fsdp', optimizer_config=dict(cumulative_iters=2),
+                checkpoint_config=dict(interval=1, by_epoch=False))
+    with pytest.raises(CheckpointError, match='inside a gradient-accumulation window.*multiple of cumulative_iters'):
+        t.train()
+    assert not (tmp_path / 'iter_1.pth').exists()
+    t.close()

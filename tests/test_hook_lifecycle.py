@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data, train_and_close
 from hookloop import ConfigError, Hook, Trainer, auto_fp16, force_fp32
 from hookloop.evaluation import take_first
-from hookloop.hooks import CheckInvalidLossHook, EMAHook, EvaluationHook
+from hookloop.hooks import CheckInvalidLossHook, EMAHook
 
 
 def make(work_dir, model=None, epochs=2, batch_size=4, **kwargs):
@@ -60,7 +60,8 @@ class StopAt(Hook):
 # -- set-up once, run many ------------------------------------------------------------------
 def test_train_again_after_a_stop_is_bitwise_one_uninterrupted_run_with_ema_fp16_and_accumulation(tmp_path):
     # fp16 on the CPU: autocast(float16) + GradScaler('cpu'), the path test_amp.py checks.
-    options = dict(optimizer_config=dict(cumulative_iters=4, precision='fp16',
+    options = dict(lr_config=dict(policy='CosineAnnealing', min_lr=0, warmup='linear', warmup_iters=3, by_epoch=False),
+                   optimizer_config=dict(cumulative_iters=4, precision='fp16',
                                          loss_scale=dict(init_scale=2. ** 10, growth_interval=2)),
                    custom_hooks=[dict(type='EMAHook', momentum=0.1, warm_up=1)])
     results = []
@@ -82,6 +83,25 @@ def test_train_again_after_a_stop_is_bitwise_one_uninterrupted_run_with_ema_fp16
     assert same(ema, ema2)
     assert scaler == scaler2 and scaler['_growth_tracker'] is not None
     assert all(torch.equal(state[k]['momentum_buffer'], state2[k]['momentum_buffer']) for k in state)
+
+
+def test_setup_runs_once_per_trainer_and_before_run_once_per_train_call(tmp_path):
+    calls = []
+
+    class Counted(Hook):
+        def setup(self, trainer):
+            calls.append('setup')
+
+        def before_run(self, trainer):
+            calls.append('before_run')
+    trainer = make(tmp_path, epochs=1, val_dataloader=DataLoader(regression_data(n=4), batch_size=4),
+                   val_evaluator=lambda outputs, batch: {'mse': 1.0})
+    trainer.register_hook(Counted())
+    trainer.register_hook(StopAt(3))
+    trainer.val()  # validation before training sets the hooks up too (autocast for its forward)
+    trainer.train()
+    train_and_close(trainer)
+    assert calls == ['setup', 'before_run', 'before_run']
 
 
 def test_ema_added_on_a_resume_without_ema_state_starts_from_the_resumed_weights(tmp_path):
@@ -354,7 +374,15 @@ def test_hooks_command_builds_no_data_and_writes_nothing(tmp_path, capsys):
     assert '(LOWEST      ) EMAHook  [after optimizer; before evaluation, checkpoint]' in out
     assert out.index('EMAHook', out.index('after_train_iter:')) < out.index('TextLoggerHook',
                                                                              out.index('after_train_iter:'))
-    assert sorted(os.listdir(tmp_path)) == ['cfg.py']
+    mmcv = tmp_path / 'mmcv_cfg.py'  # MMCV 1.x shape: data=, runner=, fp16=, evaluation with a dataset metric
+    mmcv.write_text("model = dict(type='Unbuilt')\noptimizer = dict(type='SGD', lr=0.1)\n"
+                    "data = dict(samples_per_gpu=4, workers_per_gpu=0, train=dict(type='ExplodingDataset'), "
+                    "val=dict(type='ExplodingDataset'))\nfp16 = dict(loss_scale=512.)\n"
+                    "runner = dict(type='IterBasedRunner', max_iters=10)\nevaluation = dict(interval=5, metric='acc')\n"
+                    f"work_dir = {str(tmp_path / 'never')!r}\n")
+    assert main(['hooks', str(mmcv)]) == 0
+    assert '(LOW         ) EvaluationHook' in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == ['cfg.py', 'mmcv_cfg.py']
 
 
 def test_plot_stitches_every_json_log_of_a_work_dir_and_names_what_it_skipped(tmp_path, capsys):

@@ -105,9 +105,9 @@ def test_one_cycle_without_total_steps_needs_a_run_length(tmp_path):
     model = Regressor()
     trainer = Trainer(model, optimizer=dict(type='SGD', lr=0.1), work_dir=tmp_path, device='cpu', seed=0)
     with pytest.raises(ConfigError, match='total_steps is not given and the run has no max_iters'):
-        OneCycleLrUpdaterHook(max_lr=0.1).before_run(trainer)
+        OneCycleLrUpdaterHook(max_lr=0.1).setup(trainer)
     hook = OneCycleLrUpdaterHook(max_lr=0.1, total_steps=50)
-    hook.before_run(trainer)  # an explicit total_steps is enough
+    hook.setup(trainer)  # an explicit total_steps is enough
     trainer.close()
 
 

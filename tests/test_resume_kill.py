@@ -65,9 +65,13 @@ def test_sigkill_at_random_points_then_resume_auto_matches_uninterrupted_run(tmp
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sigkill_while_a_100mb_checkpoint_is_being_written_then_resume(tmp_path):
+@pytest.mark.parametrize('async_save', [False, True], ids=['sync', 'async'])
+def test_sigkill_while_a_100mb_checkpoint_is_being_written_then_resume(tmp_path, async_save):
+    """With ``async_save`` the kill lands while the background thread writes and the
+    loop has gone on training: the previous checkpoint stays the loadable latest."""
     big = 25_000_000  # float32 values: 100 MB per checkpoint
-    config = write_config(tmp_path, big=big, max_epochs=1, interval=2)  # saves after iterations 2, 4, 5
+    # saves after iterations 2, 4, 5
+    config = write_config(tmp_path, big=big, max_epochs=1, interval=2, async_save=async_save)
     work_dir = tmp_path / 'run'
     process = ForkedRun(config, work_dir, str(tmp_path / 'killed.log'))
 

@@ -39,7 +39,8 @@ def simulate_schedule(trainer):
     with warnings.catch_warnings():
         # torch warns when a scheduler steps before the optimizer ever did; none steps here
         warnings.simplefilter('ignore', UserWarning)
-        for hook in hooks:
+        for hook in hooks:  # the life cycle of a run: set-up once, then before_run
+            hook.setup(trainer)
             hook.before_run(trainer)
         for trainer.epoch in range(trainer.max_epochs):
             for hook in hooks:

@@ -66,9 +66,11 @@ class _MMCVTrainer(Trainer):
             checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
         return checkpoint
 
-    def write_checkpoint(self, checkpoint, path, update_last=True):
-        path = super().write_checkpoint(checkpoint, path, update_last)
+    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False):
+        path = super().write_checkpoint(checkpoint, path, update_last, asynchronous)
         if update_last and self.rank == 0:
+            if asynchronous:  # latest.pth must never name a file still being written
+                self.wait_for_checkpoint()
             link_latest(path)
         return path
 

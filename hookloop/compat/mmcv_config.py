@@ -70,10 +70,11 @@ def needs_translation(cfg):
         isinstance(evaluation, Mapping) and bool(set(evaluation) - set(_EVAL_HOOK_KEYS)))
 
 
-def translate(cfg, target):
+def translate(cfg, target, build_data=True):
     """``(kwargs for target, notes)``: ``cfg`` with the MMCV keys turned into ``target``'s
     arguments and the helper names removed; ``notes`` are lines to log at start. Raises one
-    ConfigError listing every problem found."""
+    ConfigError listing every problem found. ``build_data=False`` (``hookloop hooks``) leaves
+    the val dataset unbuilt, and so no ``dataset.evaluate`` evaluator."""
     known = trainer_arguments(target)
     cfg, problems, notes = dict(cfg), [], []
     _import_custom(cfg, problems, notes)
@@ -85,7 +86,7 @@ def translate(cfg, target):
     _auto_scale_lr(cfg, problems, notes)
     _model_cfgs(cfg)
     _workflow(cfg, problems, notes, iter_based)
-    _evaluation(cfg, problems, notes, iter_based)
+    _evaluation(cfg, problems, notes, iter_based, build_data)
     if iter_based and isinstance(cfg.get('checkpoint_config'), Mapping):
         cfg['checkpoint_config'] = {'by_epoch': False, **cfg['checkpoint_config']}
     helpers = []
@@ -304,7 +305,7 @@ def _workflow(cfg, problems, notes, iter_based):
             problems.append("workflow has ('val', k) but there is no val data (data.val or val_dataloader)")
 
 
-def _evaluation(cfg, problems, notes, iter_based):
+def _evaluation(cfg, problems, notes, iter_based, build_data=True):
     evaluation = cfg.get('evaluation')
     if not isinstance(evaluation, Mapping):
         return
@@ -324,6 +325,8 @@ def _evaluation(cfg, problems, notes, iter_based):
     loader = cfg.get('val_dataloader')
     if not isinstance(loader, Mapping) or loader.get('dataset') is None:
         problems.append(f'evaluation has {sorted(eval_kwargs)} for the val dataset, but there is no val data')
+        return
+    if not build_data:
         return
     from ..builder import build_dataset
     from .dataset_evaluator import DatasetEvaluator

@@ -1,6 +1,7 @@
 """CheckpointHook: saves checkpoints on an interval, keeps the newest few and the best one."""
 import os
 
+from .. import storage
 from ..best_checkpoint import BestCheckpoint
 from ..checkpoint import inside, read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
@@ -37,6 +38,10 @@ class CheckpointHook(Hook):
             common names (acc, top1, mAP, f1, ... -> greater; loss, error, mse, ... -> less).
         export_safetensors: also write the weights beside each checkpoint as ``.safetensors``:
             ``True``/``'model'`` the model's weights, ``'ema'`` the EMA weights (needs an EMAHook).
+        async_save: copy the state to CPU memory at the save point and write it on a background
+            thread while training goes on (same crash-safety; one save in flight; the run waits
+            for it at the end; a failed write is raised at the next save or at the end).
+            Old checkpoints are removed once the newer one is on disk.
     """
 
     PRIORITY = Priority.NORMAL
@@ -44,7 +49,7 @@ class CheckpointHook(Hook):
     RUNS_AFTER = ('optimizer',)
 
     def __init__(self, interval=-1, by_epoch=True, save_optimizer=True, out_dir=None, max_keep_ckpts=-1,
-                 save_last=True, save_best=None, rule=None, export_safetensors=False):
+                 save_last=True, save_best=None, rule=None, export_safetensors=False, async_save=False):
         if not _is_int(interval) or interval == 0 or interval < -1:
             raise ConfigError(f'CheckpointHook interval must be a positive int or -1, got {interval!r}')
         if not _is_int(max_keep_ckpts) or max_keep_ckpts == 0 or max_keep_ckpts < -1:
@@ -58,21 +63,33 @@ class CheckpointHook(Hook):
         self.interval, self.by_epoch, self.save_optimizer = interval, by_epoch, save_optimizer
         self.out_dir, self.max_keep_ckpts, self.save_last = out_dir, max_keep_ckpts, save_last
         self.export = {False: None, True: 'model'}.get(export_safetensors, export_safetensors)
-        self.saved = []          # interval checkpoints (absolute paths), oldest first
+        if not isinstance(async_save, bool):
+            raise ConfigError(f'CheckpointHook async_save must be True or False, got {async_save!r}')
+        self.async_save = async_save
+        self.saved = []          # interval checkpoints (absolute paths or URLs), oldest first
+        self._writing = None     # the interval checkpoint being saved: its own state lists it
+        self._retention_due = False  # async: old checkpoints go once the newest one is on disk
 
     # -- stages ------------------------------------------------------------------------------
     def setup(self, trainer):
         # Known before any state is loaded (an EMAHook(resume_from=...) loads in its before_run).
-        self._work_dir = trainer.work_dir
-        self.directory = os.path.join(trainer.work_dir, self.out_dir) if self.out_dir else trainer.work_dir
+        # Checkpoints live under the storage dir (the work dir, or its URL).
+        self._work_dir = trainer.storage_dir
+        self.directory = storage.join(trainer.storage_dir, os.fspath(self.out_dir)) if self.out_dir \
+            else trainer.storage_dir
         if self.best is not None:
             self.best.bind(self.directory)
 
     def before_run(self, trainer):
         if trainer.rank == 0:
-            os.makedirs(self.directory, exist_ok=True)
+            storage.makedirs(self.directory)
             for path in remove_stale_temporaries(self.directory):
                 trainer.logger.info('removed %s, left by a save that was interrupted', path)
+
+    def after_run(self, trainer):
+        # The trainer has waited for the last background write before after_run.
+        if self._retention_due:
+            self._remove_old(trainer)
 
     def after_train_epoch(self, trainer):
         name = f'epoch_{trainer.epoch + 1}.pth'
@@ -82,6 +99,8 @@ class CheckpointHook(Hook):
             self._save(trainer, name)
 
     def after_train_iter(self, trainer):
+        if self.by_epoch and self.best is None:  # the common case: nothing to do per iteration
+            return
         name = f'iter_{trainer.iter + 1}.pth'
         self._track_best(trainer, name)
         if not self.by_epoch and (self.every_n_iters(trainer, self.interval) or
@@ -104,10 +123,13 @@ class CheckpointHook(Hook):
 
     # -- saving ----------------------------------------------------------------------------
     def _write(self, trainer, path, update_last):
+        if self._retention_due:  # the previous save is on disk once the trainer has waited
+            trainer.wait_for_checkpoint()
+            self._remove_old(trainer)
         # build_checkpoint returns the dict every hook has added its entries to
         # (``ema_state_dict``), which the safetensors export reads.
         checkpoint = trainer.build_checkpoint(save_optimizer=self.save_optimizer)
-        trainer.write_checkpoint(checkpoint, path, update_last=update_last)
+        trainer.write_checkpoint(checkpoint, path, update_last=update_last, asynchronous=self.async_save)
         if self.export is not None and trainer.rank == 0:
             key = 'state_dict' if self.export == 'model' else 'ema_state_dict'
             if key not in checkpoint:
@@ -116,29 +138,38 @@ class CheckpointHook(Hook):
             save_safetensors(checkpoint[key], os.path.splitext(path)[0] + '.safetensors')
 
     def _save(self, trainer, filename):
-        path = os.path.join(self.directory, filename)
+        path = storage.join(self.directory, filename)
         if path in self.saved:
             return
-        self._write(trainer, path, update_last=True)
+        self._writing = path
+        try:
+            self._write(trainer, path, update_last=True)
+        finally:
+            self._writing = None
         self.saved.append(path)
-        trainer.logger.info('saved checkpoint %s', path)
-        self._remove_old(trainer)
+        if self.async_save:
+            trainer.logger.info('saving checkpoint %s in the background', path)
+            self._retention_due = True
+        else:
+            trainer.logger.info('saved checkpoint %s', path)
+            self._remove_old(trainer)
 
     def _remove_old(self, trainer):
+        self._retention_due = False
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
         try:
-            latest = read_pointer(trainer.work_dir, also_inside=[self.directory])
+            latest = read_pointer(trainer.storage_dir, also_inside=[self.directory])
         except CheckpointError:
             latest = None
         best = self.best.path if self.best is not None else None
-        protected = {os.path.abspath(p) for p in (latest, best, self.saved[-1]) if p}
+        protected = {storage.normalize(p) for p in (latest, best, self.saved[-1]) if p}
         while len(self.saved) > self.max_keep_ckpts:
             old = self.saved.pop(0)
-            if os.path.abspath(old) in protected or not self._owns(old):
+            if storage.normalize(old) in protected or not self._owns(old):
                 continue
             for victim in (old, os.path.splitext(old)[0] + '.safetensors'):
-                if os.path.exists(victim):
+                if storage.exists(victim):
                     remove_checkpoint(victim)
 
     def _track_best(self, trainer, filename):
@@ -155,16 +186,18 @@ class CheckpointHook(Hook):
     # (an older checkpoint's absolute path, another run's file) is forgotten, not deleted.
     def _relative(self, path):
         base = getattr(self, '_work_dir', None)
-        return os.path.relpath(path, base) if base and self._owns(path) else path
+        return storage.relpath(path, base) if base and self._owns(path) else path
 
     def _resolve(self, path):
         if not isinstance(path, str):
             return None
-        path = os.path.normpath(os.path.join(self._work_dir, path))
+        path = storage.resolve(self._work_dir, path)
         return path if self._owns(path) else None
 
     def state_dict(self):
-        state = {'saved': [self._relative(p) for p in self.saved]}
+        # A checkpoint lists itself, so a run resumed from it counts it (and removes it in turn).
+        saved = self.saved + [self._writing] if self._writing and self._writing not in self.saved else self.saved
+        state = {'saved': [self._relative(p) for p in saved]}
         if self.best is not None:
             state.update(self.best.state_dict())
         return state

@@ -66,7 +66,7 @@ class EvaluationHook(Hook):
 
     def _keep_best(self, trainer, filename):
         if self.best is not None:
-            self.best.update(trainer, trainer.work_dir, filename,
+            self.best.update(trainer, trainer.storage_dir, filename,
                              lambda path: trainer.save_checkpoint(path, update_last=False))
 
     def run_summary(self, trainer):

@@ -1,7 +1,7 @@
 """The shared base of the LR and momentum updaters: when values are computed and set.
 
 MMCV 1.x timing, which both updaters keep:
-  * ``before_run``: the base value of each parameter group is read (``initial_lr`` /
+  * ``setup`` (once per trainer): the base value of each parameter group is read (``initial_lr`` /
     ``initial_momentum`` in the group, set from the current value if absent);
   * ``by_epoch=True``: the regular value is computed and set in ``before_train_epoch``;
     ``before_train_iter`` only acts during warm-up, which is counted in iterations;
@@ -139,7 +139,7 @@ class ParamScheduleHook(Hook):
         self.warmup_iters = warmup_iters
         self.warmup_ratio = warmup_ratio
         self.warmup_by_epoch = warmup_by_epoch
-        self.warmup_total = warmup_iters  # in iterations; set in before_run
+        self.warmup_total = warmup_iters  # in iterations; set in setup
         self.base_values = []
         self.regular_values = []
 
@@ -181,7 +181,7 @@ class ParamScheduleHook(Hook):
         raise NotImplementedError
 
     def prepare(self, trainer):
-        """Called in before_run after the base values are read: check the run fits the schedule."""
+        """Called at set-up after the base values are read: check the run fits the schedule."""
 
     # -- helpers ----------------------------------------------------------------------------
     def progress(self, trainer):
@@ -194,7 +194,7 @@ class ParamScheduleHook(Hook):
         return [self.get_value(trainer, base) for base in self.base_values]
 
     # -- stages -----------------------------------------------------------------------------
-    def before_run(self, trainer):
+    def setup(self, trainer):  # once per trainer: the base values belong to the optimizer
         if trainer.optimizer is None:
             raise ConfigError(f'{type(self).__name__} needs an optimizer')
         self.base_values = self.read_base(trainer)

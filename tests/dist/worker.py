@@ -1,7 +1,9 @@
 """The per-rank program the distributed tests launch with ``torchrun --nproc-per-node 2``.
 
 ``python -m torch.distributed.run --standalone --nproc-per-node 2 tests/dist/worker.py MODE OUT``
-with MODE ``main`` (DDP, evaluation, logging, accumulation, then FSDP), ``kill`` or ``resume``.
+with MODE ``main`` (DDP, evaluation, logging, accumulation, then FSDP), ``kill``, ``resume``,
+``reshard_save`` or ``reshard_load SOURCE_WORLD`` (FSDP checkpoints across world sizes),
+``multinode`` (two torchrun agents of one process each).
 Importing it also registers ``DistTestClassifier``, ``DistTestData`` and ``DistTestRaiseAt``
 for the config that ``torchrun -m hookloop train`` runs in the failure test.
 
@@ -223,6 +225,56 @@ def run_fsdp(out, rank, world):
     resumed.close()
 
 
+class CaptureFullState(Hook):
+    """At the end of iteration ``after`` (1-based) of a saving run, or at the first iteration
+    of a resumed run (``after=None``), gathers the full model, optimizer and EMA tensors (a
+    collective: every rank runs it) and writes them, from rank 0, to ``path``."""
+    PRIORITY = Priority.LOWEST
+
+    def __init__(self, path, after=None):
+        self.path, self.after, self.done = path, after, False
+
+    def before_train_iter(self, trainer):
+        if self.after is None and not self.done:
+            self.capture(trainer)
+
+    def after_train_iter(self, trainer):
+        if self.after is not None and trainer.iter + 1 == self.after:
+            self.capture(trainer)
+
+    def capture(self, trainer):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        self.done = True
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer, options=options)
+        ema = next(hook for hook in trainer.hooks if type(hook).__name__ == 'EMAHook')
+        averages = {name: tensor.full_tensor().clone() for name, tensor in sorted(ema.averages.items())}
+        if trainer.rank == 0:
+            torch.save({'model': {k: v.clone() for k, v in model_state.items()},
+                        'momentum': {k: v['momentum_buffer'].clone() for k, v in optim_state['state'].items()},
+                        'ema': averages, 'iter': trainer.iter, 'world_size': trainer.world_size}, self.path)
+
+
+def run_reshard(out, rank, world, mode, source_world=None, async_save=0):
+    """``reshard_save``: FSDP2 + EMA, a sharded checkpoint every 3 iterations, the full state at
+    iteration 6 captured; ``reshard_load SOURCE_WORLD``: resume that run's iteration-6 checkpoint
+    on this many ranks, capture the state before the first iteration, train to the end."""
+    ema = dict(type='EMAHook', momentum=0.1, warm_up=1)
+    if mode == 'reshard_save':
+        trainer = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, f'work_reshard_w{world}'),
+                                           strategy='fsdp', custom_hooks=[ema, CaptureFullState(
+                                               os.path.join(out, f'saved_w{world}.pt'), after=2 * CKPT_INTERVAL)],
+                                           checkpoint_config=dict(interval=CKPT_INTERVAL, by_epoch=False,
+                                                                  async_save=bool(async_save))))
+    else:
+        path = os.path.join(out, f'work_reshard_w{source_world}', f'iter_{2 * CKPT_INTERVAL}.pth')
+        trainer = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, f'work_resumed_w{world}'),
+                                           strategy='fsdp', resume_from=path, custom_hooks=[ema, CaptureFullState(
+                                               os.path.join(out, f'loaded_w{source_world}_on_w{world}.pt'))]))
+    trainer.train()
+    trainer.close()
+
+
 def fsdp2_available():
     try:
         from torch.distributed.fsdp import fully_shard  # noqa: F401
@@ -240,6 +292,14 @@ def main():
             run_fsdp(out, rank, world)
     elif mode in ('kill', 'resume'):
         run_resumable(out, rank, world, mode)
+    elif mode == 'multinode':  # the DDP run of ``main``, launched as two one-process nodes
+        trainer = Trainer(**trainer_kwargs(world, work_dir=os.path.join(out, 'work_multinode')))
+        trainer.train()
+        torch.save({'weights': weights(trainer.model), 'node_rank': int(os.environ.get('GROUP_RANK', -1))},
+                   os.path.join(out, f'multinode_rank{rank}.pt'))
+        trainer.close()
+    elif mode in ('reshard_save', 'reshard_load'):
+        run_reshard(out, rank, world, mode, *(int(a) for a in sys.argv[3:]))  # reshard_save: [0, async_save]
     else:
         raise SystemExit(f'unknown mode {mode!r}')
 
