@@ -8,7 +8,7 @@ import math
 import os
 
 from . import storage
-from .checkpoint import remove_checkpoint
+from .checkpoint import inside, remove_checkpoint
 from .errors import ConfigError
 
 # Substrings of metric names whose larger / smaller value is better (case-insensitive),
@@ -50,9 +50,20 @@ class BestCheckpoint:
                                   "give rule='greater' or rule='less'")
         self.owner, self.save_best, self.rule = owner, save_best, rule
         self.score = None  # the best finite score so far; None: none yet (as -inf / +inf by the rule)
-        self.path = None
+        self.path = None          # absolute, once known
         self.metric = None if save_best == 'auto' else save_best
         self._seen = 0  # trainer.position.validations when the metrics were last looked at
+        self._directory = None
+        self._stored_path = None  # from a checkpoint: relative to the directory of the run
+
+    def bind(self, directory):
+        """Resolve paths against ``directory`` (the owner's save directory). A stored path
+        that lands outside it (another run's file) is forgotten, never deleted."""
+        self._directory = directory
+        if self._stored_path is not None:
+            path = storage.resolve(directory, self._stored_path)
+            self.path = path if inside(path, directory) else None
+            self._stored_path = None
 
     def update(self, trainer, directory, filename, write):
         """Look at ``trainer.metrics`` after a new validation; when its score is better,
@@ -69,6 +80,7 @@ class BestCheckpoint:
             trainer.logger.warning('%s save_best=%r: the evaluation returned no metrics; the best checkpoint is '
                                    'not updated this time', self.owner, self.save_best)
             return False
+        self.bind(directory)
         key = self._key(metrics)
         score = float(metrics[key])
         if not math.isfinite(score):
@@ -82,7 +94,7 @@ class BestCheckpoint:
         self.score, self.metric = score, key
         self.path = storage.join(directory, f'best_{key}_{filename}')
         write(self.path)
-        if trainer.rank == 0 and previous and previous != self.path:
+        if trainer.rank == 0 and previous and previous != self.path and inside(previous, directory):
             for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
                 if storage.exists(victim):
                     remove_checkpoint(victim)
@@ -106,12 +118,22 @@ class BestCheckpoint:
     def run_summary(self, trainer):
         if self.path is None:
             return {}
-        return {f'best {self.metric}': f'{self.score:.6g} ({os.path.relpath(self.path, trainer.work_dir)})'}
+        return {f'best {self.metric}': f'{self.score:.6g} ({_shown(self.path, trainer.storage_dir)})'}
 
     def state_dict(self):
-        return {'best_score': self.score, 'best_path': self.path, 'rule': self.rule}
+        path = self.path
+        if path is not None and self._directory is not None and inside(path, self._directory):
+            path = storage.relpath(path, self._directory)
+        return {'best_score': self.score, 'best_path': path, 'rule': self.rule}
 
     def load_state_dict(self, state):
         self.score = state.get('best_score')
-        self.path = state.get('best_path')
+        self.path, self._stored_path = None, state.get('best_path')
+        if self._directory is not None:
+            self.bind(self._directory)
         self.rule = self.rule or state.get('rule')
+
+
+def _shown(path, base):
+    """``path`` relative to ``base`` when it lies inside it, else as it is."""
+    return storage.relpath(path, base) if inside(path, base) else path

@@ -41,7 +41,12 @@ def build_optimizer(optimizer, model):
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ConfigError('the model has no trainable parameters for the optimizer')
-        return OPTIMIZERS.build(optimizer, params=params)
+        try:
+            return OPTIMIZERS.build(optimizer, params=params)
+        except ValueError as exc:  # torch's own checks: "Invalid learning rate: -1", ...
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f'optimizer {optimizer.get("type")!r}: {exc}') from None
     raise ConfigError(f'optimizer must be a torch.optim.Optimizer or a config dict, got {type(optimizer).__name__}')
 
 
@@ -135,6 +140,12 @@ def build_dataloader(loader, name, seed, rank=0, world_size=1):
             raise ConfigError(f'{name} got an unexpected argument {key!r}{hint}')
     if 'dataset' not in kwargs:
         raise ConfigError(f'{name} config has no "dataset"')
+    for flag in ('shuffle', 'drop_last', 'pin_memory', 'persistent_workers'):
+        if flag in kwargs and not isinstance(kwargs[flag], bool):
+            raise ConfigError(f'{name} {flag} must be True or False, got {kwargs[flag]!r}')
+    workers = kwargs.get('num_workers', 0)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise ConfigError(f'{name} num_workers must be an int >= 0, got {workers!r}')
     kwargs['dataset'] = build_dataset(kwargs['dataset'])
     if isinstance(kwargs['dataset'], IterableDataset) or is_hf_iterable(kwargs['dataset']):
         return _stream_dataloader(kwargs, loader_class, name, rank, world_size)

@@ -3,10 +3,13 @@
 A checkpoint is a dict of tensors and plain containers, so
 ``torch.load(weights_only=True)`` reads it and a stranger's file runs no code.
 """
+import errno
 import glob
+import hashlib
 import io
 import os
 import pickle
+import posixpath
 import shutil
 import random
 import re
@@ -20,6 +23,7 @@ from .errors import CheckpointError
 
 POINTER_NAME = 'last_checkpoint'
 TMP_SUFFIX = '.tmp'
+CHECKSUM_SUFFIX = '.sha256'
 
 
 def _fsync_dir(directory):
@@ -33,72 +37,256 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
-def atomic_write(path, write):
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it to
-    ``path``. On any error the temporary file is removed and ``path`` is untouched."""
+def _umask():
+    # The only portable way to read the umask is to set it; put it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _reason(exc):
+    """The OS's words for an I/O error ("No space left on device"), else the message."""
+    return getattr(exc, 'strerror', None) or str(exc).strip().splitlines()[0]
+
+
+# -- the save path, one step per function (the async saver reuses them) -------------------
+
+def write_temporary(path, write):
+    """Call ``write(file)`` on a new temporary file beside ``path``, flush and fsync it;
+    return the temporary's path. The file gets the permissions ``open()`` would give
+    (``0o666`` less the umask), not ``mkstemp``'s private 0600. On error it is removed.
+
+    For a URL the temporary is an object ``.<name>.<random>.tmp`` beside ``path``
+    (see :func:`hookloop.storage.write_temporary_url`)."""
+    if storage.is_url(path):
+        return storage.write_temporary_url(path, write)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=TMP_SUFFIX, dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, 'wb') as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
+    except BaseException:
+        discard(tmp_path)
+        raise
+    return tmp_path
+
+
+def discard(tmp_path):
+    if storage.is_url(tmp_path):
+        return storage.remove_quietly(tmp_path)
+    try:
+        os.unlink(tmp_path)
+    except OSError:
+        pass
+
+
+def file_checksum(path, chunk=1 << 22):
+    """SHA-256 of a file's bytes, as hex."""
+    digest = hashlib.sha256()
+    with storage.open_read(path) as f:
+        for block in iter(lambda: f.read(chunk), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def checksum_path(path):
+    return path + CHECKSUM_SUFFIX
+
+
+def write_checksum(path, digest):
+    """``<path>.sha256`` in ``sha256sum`` format (``sha256sum -c`` checks it), atomically.
+
+    Written *before* the checkpoint is renamed into place: a kill between the two leaves
+    a checksum for a file that is not there yet, never a checkpoint without its checksum."""
+    line = f'{digest}  {storage.basename(path)}\n'.encode()
+    commit(write_temporary(checksum_path(path), lambda f: f.write(line)), checksum_path(path))
+
+
+def commit(tmp_path, path):
+    """Rename the finished temporary over ``path`` (atomic on POSIX) and fsync the directory.
+    For a URL the temporary object is moved to ``path`` (see :mod:`hookloop.storage`)."""
+    if storage.is_url(path):
+        try:
+            storage.move(tmp_path, path)
+        except BaseException:
+            discard(tmp_path)
+            raise
+        return
+    try:
         os.replace(tmp_path, path)
     except BaseException:
-        try:
-            os.unlink(tmp_path)
-        except OSError:
-            pass
+        discard(tmp_path)
         raise
-    _fsync_dir(directory)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def remove_checkpoint(path):
-    """Delete a checkpoint: a file, or an FSDP checkpoint directory of shards."""
-    if storage.is_url(path):
-        return storage.remove(path)
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    else:
-        os.remove(path)
+def atomic_write(path, write):
+    """Call ``write(file)`` on a temporary file (or object, for a URL) beside ``path``,
+    fsync it, rename (move) it to ``path``. On any error the temporary is removed and
+    ``path`` is untouched."""
+    commit(write_temporary(path, write), path)
 
 
 def save_checkpoint(checkpoint, path):
-    """Write ``checkpoint`` to ``path`` atomically; CheckpointError on I/O failure."""
-    write = storage.write_atomic_url if storage.is_url(path) else atomic_write
+    """Write ``checkpoint`` to ``path`` (a local path or a URL): temporary file, fsync,
+    checksum sidecar, rename. CheckpointError on I/O failure (the previous file at ``path``
+    is kept)."""
     try:
-        write(path, lambda f: torch.save(checkpoint, f))
+        tmp_path = write_temporary(path, lambda f: torch.save(checkpoint, f))
+        try:
+            write_checksum(path, file_checksum(tmp_path))
+        except BaseException:
+            discard(tmp_path)
+            raise
+        commit(tmp_path, path)
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
-        raise CheckpointError(f'could not write checkpoint {path}: {getattr(exc, "strerror", None) or exc}; '
+        reason = _reason(exc)
+        if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):
+            reason = os.strerror(errno.ENOSPC)
+        raise CheckpointError(f'could not write checkpoint {path}: {reason}; '
                               'the previous checkpoint is kept') from exc
 
 
+def _disk_full(path):
+    if storage.is_url(path):
+        return False
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    return stats.f_bavail == 0
+
+
 def write_checkpoint(checkpoint, path, pointer_dir=None):
-    """Save ``checkpoint`` to ``path`` atomically, then (with ``pointer_dir``) move that
-    directory's ``last_checkpoint`` pointer to it: the order that keeps the pointer valid."""
+    """Save ``checkpoint`` to ``path`` atomically (with its checksum sidecar), then (with
+    ``pointer_dir``) move that directory's ``last_checkpoint`` pointer to it: the order
+    that keeps the pointer valid. The asynchronous writer runs this same sequence."""
     save_checkpoint(checkpoint, path)
     if pointer_dir is not None:
         update_pointer(pointer_dir, path)
 
 
+def remove_checkpoint(path):
+    """Delete a checkpoint (a file, or an FSDP directory of shards) and its checksum."""
+    if storage.is_url(path):
+        for victim in (path, checksum_path(path)):
+            if storage.exists(victim):
+                storage.remove(victim)
+        return
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+    if os.path.exists(checksum_path(path)):
+        os.remove(checksum_path(path))
+
+
+def verify_checksum(path):
+    """Compare ``path`` with its ``.sha256`` sidecar. Returns False when there is no sidecar
+    (a file hookloop did not write, e.g. a plain ``torch.save``); CheckpointError on a mismatch."""
+    sidecar = checksum_path(path)
+    if not storage.isfile(sidecar):
+        return False
+    try:
+        expected = storage.read_bytes(sidecar).split()[0].decode('ascii')
+    except (OSError, IndexError, UnicodeDecodeError):
+        raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
+    if file_checksum(path) != expected:
+        raise CheckpointError(f'{path!r} is damaged: its SHA-256 does not match {storage.basename(sidecar)} '
+                              '(changed or corrupted after it was written)')
+    return True
+
+
+# -- the pointer to the latest checkpoint ---------------------------------------------------
+
+def _url_normpath(url):
+    return storage.normpath(url)
+
+
+def inside(path, directory):
+    """True when ``path`` lies inside ``directory``: for local paths after resolving
+    symlinks; for URLs when the posix-normalised path starts with ``directory + '/'``
+    (a URL is never inside a local directory, nor the other way round)."""
+    path, directory = os.fspath(path), os.fspath(directory)
+    if storage.is_url(path) or storage.is_url(directory):
+        if not (storage.is_url(path) and storage.is_url(directory)):
+            return False
+        path, directory = _url_normpath(path), _url_normpath(directory).rstrip('/')
+        return path == directory or path.startswith(directory + '/')
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
 def update_pointer(work_dir, checkpoint_path):
     """Point ``<work_dir>/last_checkpoint`` at ``checkpoint_path`` (atomically).
 
-    Called only after the checkpoint itself is renamed into place, so the pointer
-    always names a complete file."""
-    target = storage.normalize(checkpoint_path)
-    write = storage.write_atomic_url if storage.is_url(work_dir) else atomic_write
+    A checkpoint inside the work dir (the storage dir: a local path or a URL) is stored
+    relative to it (a plain file name like ``iter_10.pth``), so a copied or moved work dir
+    names its own files; only a checkpoint hook's explicit outside ``out_dir`` is stored as
+    an absolute path (or a full URL). Called only after the checkpoint itself is renamed
+    into place, so the pointer always names a complete file."""
+    work_dir = os.fspath(work_dir)
+    pointer = storage.join(work_dir, POINTER_NAME)
+    if storage.is_url(checkpoint_path) or storage.is_url(work_dir):
+        target = storage.normalize(checkpoint_path) if storage.is_url(checkpoint_path) else os.path.abspath(checkpoint_path)
+        if inside(target, work_dir):
+            target = storage.relpath(target, work_dir)
+    else:
+        target = os.path.abspath(checkpoint_path)
+        if inside(target, work_dir):
+            target = os.path.relpath(os.path.realpath(target), os.path.realpath(work_dir))
     try:
-        write(storage.join(work_dir, POINTER_NAME), lambda f: f.write(target.encode()))
+        atomic_write(pointer, lambda f: f.write(target.encode()))
     except OSError as exc:
-        raise CheckpointError(f'could not update {os.path.join(work_dir, POINTER_NAME)}: '
-                              f'{getattr(exc, "strerror", None) or exc}; it still names the previous checkpoint') from exc
+        raise CheckpointError(f'could not update {pointer}: {_reason(exc)}; '
+                              'it still names the previous checkpoint') from exc
+
+
+def read_pointer(work_dir, also_inside=()):
+    """The checkpoint path the pointer names (absolute), or None when there is no pointer.
+
+    CheckpointError when the pointer is damaged (not a file, not UTF-8, empty) or names a
+    path outside the work dir (and outside the directories ``also_inside``, a checkpoint
+    hook's own ``out_dir``): a pointer never leads a run into another run's files."""
+    work_dir = os.fspath(work_dir)
+    pointer = storage.join(work_dir, POINTER_NAME)
+    url = storage.is_url(work_dir)
+    if not (storage.exists(pointer) if url else os.path.lexists(pointer)):
+        return None
+    try:
+        if url:
+            if storage.isdir(pointer):
+                raise IsADirectoryError(pointer)
+            raw = storage.read_bytes(pointer)[:4097]
+        else:
+            with open(pointer, 'rb') as f:
+                raw = f.read(4097)
+        text = raw.decode('utf-8').strip()
+    except IsADirectoryError:
+        raise CheckpointError(f'{pointer} is a directory, not a pointer file') from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f'{pointer} is damaged: not UTF-8 text') from None
+    except OSError as exc:
+        raise CheckpointError(f'cannot read {pointer}: {_reason(exc)}') from None
+    if not text or '\n' in text or '\0' in text or len(raw) > 4096:
+        raise CheckpointError(f'{pointer} is damaged: it should hold one checkpoint path')
+    if url or storage.is_url(text):  # a URL work dir, or a pointer to a checkpoint hook's URL out_dir
+        path = storage.resolve(work_dir, text)
+    else:
+        path = os.path.normpath(os.path.join(os.path.abspath(work_dir), text))
+    if not any(inside(path, d) for d in (work_dir, *also_inside)):
+        raise CheckpointError(f'{pointer} names {text!r}, outside the work dir {work_dir!r}; refusing to follow '
+                              'it into another run (resume from that file explicitly with resume_from=PATH)')
+    return path
 
 
 def remove_stale_temporaries(directory):
     """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
 
-    Only rank 0 of the run that owns ``directory`` should call this, before it saves."""
+    Only rank 0 of the run that owns ``directory`` (it holds the work dir's lock) calls this."""
     if storage.is_url(directory):
         return storage.remove_stale_temporaries_url(directory)
     removed = []
@@ -121,38 +309,39 @@ def save_safetensors(state_dict, path):
     # of each tensor is what a weights file should hold anyway.
     tensors = {key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
                if hasattr(value, 'detach')}
-    write = storage.write_atomic_url if storage.is_url(path) else atomic_write
     try:
-        write(path, lambda f: f.write(safetensors_bytes(tensors)))
+        atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
     except OSError as exc:
         raise CheckpointError(f'could not write {path}: {getattr(exc, "strerror", None) or exc}') from exc
 
 
-def read_pointer(work_dir):
-    """The checkpoint path the pointer names, or None when there is no pointer."""
-    pointer = storage.join(os.fspath(work_dir), POINTER_NAME)
-    if not storage.exists(pointer):
-        return None
-    path = storage.read_bytes(pointer).decode('utf-8').strip()
-    return storage.join(os.fspath(work_dir), path)
+def load_checkpoint(path, map_location='cpu', verify=True):
+    """Load a checkpoint (a local path or a URL) with ``weights_only=True``; anything else
+    is a CheckpointError.
 
-
-def load_checkpoint(path, map_location='cpu'):
-    """Load a checkpoint with ``weights_only=True``; anything else is a CheckpointError."""
+    With ``verify`` the file is first compared with its ``.sha256`` sidecar when it has one."""
     if not storage.exists(path):
         raise CheckpointError(f'checkpoint {path!r} does not exist')
     if storage.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
+    if storage.size(path) == 0:
+        raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): not a checkpoint')
+    if verify:
+        verify_checksum(path)
     source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
     try:
         checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         found = re.search(r'GLOBAL (\S+)', str(exc))
-        what = f' (it references {found.group(1)})' if found else ''
+        if found is None:  # random bytes, not a pickle that asks for code
+            raise CheckpointError(f'{path!r} is not a checkpoint (it cannot be unpickled)') from None
         raise CheckpointError(f'refusing to load {path!r}: it holds objects that would need arbitrary code to '
-                              f'unpickle{what}; hookloop loads checkpoints with weights_only=True only') from None
+                              f'unpickle (it references {found.group(1)}); hookloop loads checkpoints with '
+                              'weights_only=True only') from None
     except Exception as exc:  # torch raises many kinds for a file that is not a checkpoint
-        raise CheckpointError(f'{path!r} is not a readable checkpoint: {str(exc).splitlines()[0]}') from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f'{path!r} is not a readable checkpoint (truncated or not a checkpoint): '
+                              f'{first}') from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f'{path!r} is not a hookloop checkpoint (got {type(checkpoint).__name__})')
     return checkpoint

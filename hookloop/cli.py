@@ -123,6 +123,14 @@ def main(argv=None):
             raise
         print(f'hookloop: error: {exc}', file=sys.stderr)
         return 1
+    except Exception as exc:
+        # User code failed (a dataset item, a hook, the model): the traceback stays, under
+        # one line saying where hookloop was.
+        for note in getattr(exc, '__notes__', ()):
+            if note.startswith('hookloop: raised while '):
+                print(f'hookloop: error {note[len("hookloop: raised "):]}: {type(exc).__name__}: {exc}', file=sys.stderr)
+                break
+        raise
     except KeyboardInterrupt:
         print('hookloop: interrupted', file=sys.stderr)
         return 130

@@ -158,7 +158,13 @@ def resolve_device(device=None):
     ``None`` with CUDA available) becomes ``cuda:LOCAL_RANK`` in a distributed run."""
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f'device {device!r} is not a device: {exc}') from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise ConfigError(f"device={str(device)!r}, but CUDA is not available here (torch {torch.__version__}); "
+                          "use device='cpu' or None")
     if device.type == 'cuda' and device.index is None:
         device = torch.device('cuda', get_local_rank())
     return device

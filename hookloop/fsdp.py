@@ -4,23 +4,31 @@ Under ``strategy='fsdp'`` a checkpoint path names a *directory*:
 
 * the model and optimizer tensors, each rank writing its own shards, via
   ``torch.distributed.checkpoint`` (``*.distcp`` files plus ``.metadata``);
+* ``shards.sha256``: the SHA-256 of every shard file and of ``.metadata`` (``sha256sum``
+  format), written by rank 0 once all shards are on disk;
 * ``hookloop.pth``: everything else (counters, hook states, RNG, config), written by
   rank 0 alone with the ordinary atomic writer and read back with ``weights_only``.
+
+Loading verifies the checksums first and reads ``.metadata`` with a restricted unpickler
+(``dcp_metadata.py``), so a rigged directory runs no code.
 
 Resuming needs the same model and a process group of any size: DCP reshards. Tensors in
 hook states (EMA averages) that are sharded like the parameters (DTensors) are saved by every
 rank through DCP too, not from rank 0's shard alone; ``hookloop.pth`` holds a placeholder
 naming their DCP key, and a resume loads them into the hooks' current (resharded) tensors.
+Sharded checkpoints are local-only: their directory must be a local path.
 """
 import os
 from collections.abc import Mapping
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint, update_pointer
+from .checkpoint import atomic_write, file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from .dcp_metadata import METADATA_FILE, read_dcp_metadata, safe_reader
 from .errors import CheckpointError, ConfigError
 
 META_FILE = 'hookloop.pth'
+SHARD_CHECKSUMS = 'shards.sha256'
 PLACEHOLDER = 'hookloop.dcp:'  # a hook-state tensor stored in the DCP files under the key that follows
 
 
@@ -120,6 +128,9 @@ def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, wri
     metadata file and the pointer follow when every rank's shards are on disk.
     """
     import torch.distributed.checkpoint as dcp
+    if '://' in os.fspath(path):
+        raise ConfigError(f'{path!r}: sharded (FSDP) checkpoints are written to a local directory only; '
+                          'give a local work_dir / out_dir')
     _refuse_accumulated_grads(checkpoint.get('hooks', {}))
     os.makedirs(path, exist_ok=True)
     states = _tensor_states(model, optimizer if 'optimizer' in checkpoint else None)
@@ -130,8 +141,9 @@ def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, wri
     rest['sharded'] = sorted(states)
 
     def finish():
-        torch.distributed.barrier()  # every rank's shards are written
+        torch.distributed.barrier()  # every rank's shards are written (and .metadata)
         if rank == 0:
+            write_shard_checksums(path)
             # Written last: its presence marks the directory as a complete checkpoint.
             save_checkpoint(rest, os.path.join(path, META_FILE))
             if pointer_dir is not None:
@@ -157,9 +169,7 @@ def load_sharded(path, model, optimizer, hook_states=None):
     this run) receive the saved sharded hook tensors, which the returned ``hooks`` hold."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
-    if not is_sharded_checkpoint(path):
-        raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
-    rest = load_checkpoint(os.path.join(path, META_FILE))
+    rest = verify_sharded(path)
     with_optimizer = optimizer is not None and 'optimizer' in rest.get('sharded', ())
     states = _tensor_states(model, optimizer if with_optimizer else None)
     targets = {}
@@ -172,7 +182,7 @@ def load_sharded(path, model, optimizer, hook_states=None):
                               'has a sharded tensor for (a different hook set or model?)')
     if wanted:
         states['extra'] = {key: targets[key] for key in sorted(wanted)}
-    dcp.load(states, checkpoint_id=path)
+    dcp.load(states, storage_reader=safe_reader(path))
     rest = _push_tensors(rest, states.get('extra', {}))
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=states['model'], optim_state_dict=states['optimizer'])
@@ -180,6 +190,42 @@ def load_sharded(path, model, optimizer, hook_states=None):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
         set_model_state_dict(model, states['model'])
     return rest
+
+
+def _shard_files(path):
+    return sorted(name for name in os.listdir(path) if name.endswith('.distcp') or name == METADATA_FILE)
+
+
+def write_shard_checksums(path):
+    """``<path>/shards.sha256``: the checksum of every file DCP wrote (rank 0, after the shards)."""
+    lines = ''.join(f'{file_checksum(os.path.join(path, name))}  {name}\n' for name in _shard_files(path))
+    atomic_write(os.path.join(path, SHARD_CHECKSUMS), lambda f: f.write(lines.encode()))
+
+
+def verify_sharded(path):
+    """Check a sharded checkpoint directory without running anything from it: the shard
+    checksums, ``.metadata`` through the restricted unpickler, ``hookloop.pth`` with
+    ``weights_only``. Returns ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
+    if not is_sharded_checkpoint(path):
+        raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
+    manifest = os.path.join(path, SHARD_CHECKSUMS)
+    if os.path.isfile(manifest):
+        try:
+            with open(manifest, encoding='ascii') as f:
+                expected = dict(reversed(line.split(None, 1)) for line in f.read().splitlines() if line.strip())
+        except (OSError, UnicodeDecodeError, ValueError):
+            raise CheckpointError(f'{manifest!r} is damaged') from None
+        expected = {name.strip(): digest for name, digest in expected.items()}
+        for name in sorted(set(expected) | set(_shard_files(path))):
+            file = os.path.join(path, name)
+            if name not in expected:
+                raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
+            if not os.path.isfile(file):
+                raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
+            if file_checksum(file) != expected[name]:
+                raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
+    read_dcp_metadata(path)
+    return load_checkpoint(os.path.join(path, META_FILE))
 
 
 def _collect_placeholders(tree, keys):

@@ -163,7 +163,8 @@ class HookList:
             self.register(cfg, priority='VERY_LOW')
 
     def add_defaults(self, has_optimizer, has_val):
-        """Fill the roles the user left empty: optimizer step, timer, text log, evaluation."""
+        """Fill the roles the user left empty: optimizer step, timer, text log, evaluation,
+        the non-finite loss guard, and preemption when there is a checkpoint hook."""
         roles = {role_of(hook) for _, _, hook, _ in self._entries}
         defaults = []
         if 'optimizer' not in roles and has_optimizer:
@@ -174,6 +175,10 @@ class HookList:
             defaults.append(dict(type='TextLoggerHook'))
         if 'evaluation' not in roles and has_val:
             defaults.append(dict(type='EvaluationHook'))
+        if 'invalid_loss' not in roles and has_optimizer:  # no silent NaN (hooks/finite_loss.py)
+            defaults.append(dict(type='FiniteLossGuard'))
+        if 'checkpoint' in roles and 'preemption' not in roles:  # SIGTERM / Ctrl-C save by default
+            defaults.append(dict(type='PreemptionHook'))
         for cfg in defaults:
             # A default stands in for an empty role until a hook of that role is registered.
             self._defaults.add(id(self.register(cfg)))

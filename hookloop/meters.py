@@ -32,6 +32,8 @@ class MeterBuffer:
         self._totals = {}   # key -> number of values ever appended (drives marks)
         self._version = 0   # bumped on every change; invalidates the summary cache
         self._cache = {}
+        # The most recent summary (host numbers): hooks may read it without a sync.
+        self.last_summary = None
 
     def reserve(self, n):
         """Keep at least the last ``n`` values of every key (a logger's interval)."""
@@ -95,6 +97,7 @@ class MeterBuffer:
         if is_distributed() and get_world_size() > 1:
             result = _average_across_ranks(result)
         self._cache = {cache_key: result}
+        self.last_summary = result
         return result
 
     @staticmethod

@@ -127,3 +127,20 @@ def val_forward(wrapped_model, model, batch, evaluator):
     if isinstance(batch, (tuple, list)):
         return wrapped_model(*batch, return_loss=False)
     return wrapped_model(batch, return_loss=False)
+
+
+def check_losses(outputs, iteration):
+    """The ``'loss'`` output (what is back-propagated by default) must be a one-element
+    tensor; other ``loss*`` terms follow MMCV's rule (reduced by their mean) and are not
+    checked here. Shape and type only: no device sync."""
+    for key, value in outputs.items():
+        if key != 'loss':
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigError(f'the model output {key!r} at iteration {iteration} is a tensor of shape '
+                                  f'{tuple(value.shape)}, not a scalar; reduce it (e.g. .mean()) in the model '
+                                  'or loss_fn')
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f'the model output {key!r} at iteration {iteration} is a {type(value).__name__}, '
+                              'not a scalar tensor')

@@ -4,11 +4,11 @@ Hooks contribute lines through ``Hook.run_summary(trainer) -> {label: text}`` (t
 checkpoint hook names the best and the last checkpoint, the text logger its JSON log);
 the trainer adds the counts, the wall time and its own ``.log`` file.
 """
-import logging
 import os
 import time
 
 from .checkpoint import read_pointer
+from .errors import CheckpointError
 
 
 def summary_items(trainer, start_time, start_iter):
@@ -19,11 +19,14 @@ def summary_items(trainer, start_time, start_iter):
         method = getattr(hook, 'run_summary', None)
         if method is not None:
             items.update(method(trainer) or {})
-    last = read_pointer(trainer.storage_dir) if trainer.rank == 0 else None
+    try:
+        last = read_pointer(trainer.storage_dir, also_inside=trainer._checkpoint_dirs()) if trainer.rank == 0 else None
+    except CheckpointError:
+        last = None
     if last:  # a URL (fsspec work dir or out_dir) is shown as it is
         items['last checkpoint'] = last if '://' in last else os.path.relpath(last, trainer.storage_dir)
     logs = [os.path.relpath(h.baseFilename, trainer.work_dir) for h in trainer.logger.handlers
-            if isinstance(h, logging.FileHandler)]
+            if isinstance(getattr(h, 'baseFilename', None), str)]  # the .log is a deferred handler
     if logs:
         items['log files'] = ', '.join(logs + ([items.pop('json log')] if 'json log' in items else []))
     return items

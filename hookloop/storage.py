@@ -52,6 +52,26 @@ def join(base, name):
     return os.path.join(base, name)
 
 
+def normpath(path):
+    """``path`` with ``..`` and doubled slashes folded: posix-style for a URL."""
+    if not is_url(path):
+        return os.path.normpath(path)
+    protocol, rest = path.split('://', 1)
+    return protocol + '://' + posixpath.normpath(rest or '.')
+
+
+def relpath(path, base):
+    """``path`` relative to ``base`` (both local, or both URLs)."""
+    if is_url(path) and is_url(base):
+        return posixpath.relpath(normpath(path).split('://', 1)[1], normpath(base).split('://', 1)[1])
+    return os.path.relpath(path, base)
+
+
+def resolve(base, name):
+    """``name`` under ``base``, normalised (``..`` folded)."""
+    return normpath(join(base, name))
+
+
 def dirname(path):
     return posixpath.dirname(path.rstrip('/')) if is_url(path) else os.path.dirname(path)
 
@@ -99,6 +119,84 @@ def read_bytes(path):
             return f.read()
     fs, inner = filesystem(path)
     return fs.cat_file(inner)
+
+
+def basename(path):
+    return posixpath.basename(path.rstrip('/')) if is_url(path) else os.path.basename(path)
+
+
+def size(path):
+    if not is_url(path):
+        return os.path.getsize(path)
+    fs, inner = filesystem(path)
+    return fs.size(inner)
+
+
+def open_read(path):
+    """A binary file object for reading ``path``."""
+    if not is_url(path):
+        return open(path, 'rb')
+    fs, inner = filesystem(path)
+    return fs.open(inner, 'rb')
+
+
+def listdir(path):
+    """Names (not paths) of the entries directly under ``path``; [] when it does not exist."""
+    if not is_url(path):
+        return os.listdir(path) if os.path.isdir(path) else []
+    fs, inner = filesystem(path)
+    fs.invalidate_cache(inner)
+    try:
+        entries = fs.ls(inner, detail=False)
+    except FileNotFoundError:
+        return []
+    return [posixpath.basename(e.rstrip('/')) for e in entries if e.rstrip('/') != inner.rstrip('/')]
+
+
+def mtime(path):
+    """Modification time in seconds, 0 when the store does not say."""
+    if not is_url(path):
+        return os.path.getmtime(path)
+    fs, inner = filesystem(path)
+    try:
+        modified = fs.modified(inner)
+    except (NotImplementedError, OSError, AttributeError):
+        return 0.0
+    return modified.timestamp() if hasattr(modified, 'timestamp') else float(modified or 0)
+
+
+def remove_quietly(url):
+    """Delete ``url`` if it exists; errors are ignored (the store may be what failed)."""
+    try:
+        fs, inner = filesystem(url)
+        if fs.exists(inner):
+            fs.rm(inner)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def write_temporary_url(url, write):
+    """Call ``write(file)`` on a new temporary object ``.<name>.<random>.tmp`` beside ``url``
+    and return the temporary's URL (to :func:`move` into place). On error it is removed."""
+    fs, inner = filesystem(url)
+    directory, name = posixpath.split(inner.rstrip('/'))
+    tmp_inner = posixpath.join(directory, f'.{name}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}')
+    tmp_url = posixpath.join(dirname(url), posixpath.basename(tmp_inner))
+    try:
+        with fs.open(tmp_inner, 'wb') as file:
+            write(file)
+    except BaseException:
+        remove_quietly(tmp_url)
+        raise
+    return tmp_url
+
+
+def move(source_url, target_url):
+    """Move (copy, on an object store) ``source_url`` to ``target_url``."""
+    fs, source = filesystem(source_url)
+    _, target = filesystem(target_url)
+    fs.mv(source, target)
+    fs.invalidate_cache(posixpath.dirname(target.rstrip('/')))
 
 
 def remove(path):

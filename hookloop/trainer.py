@@ -19,26 +19,32 @@ from .builder import build_dataloader, build_model, build_optimizer
 from .async_checkpoint import AsyncCheckpointWriter
 from . import storage
 from .compile import compile_model, compile_options
-from .checkpoint import get_rng_state, load_checkpoint, read_pointer, set_rng_state
+from .checkpoint import get_rng_state, load_checkpoint, set_rng_state
 from .checkpoint import write_checkpoint as write_checkpoint_file
-from .data import seed_everything, set_loader_epoch
+from .data import ResumableBatchSampler, seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
-from .errors import CheckpointError, ConfigError, DataError
+from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hook_list import HookList
 from .hooks.base import SETUP_STAGE, STAGES
-from .log import close_logger, create_logger
+from .hooks.order import role_of
+from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
-from .paths import ensure_writable_dir
-from .model_step import as_outputs, call_model, detach_outputs, has_train_step, mmcv_train_step, move_to_device, \
-    sum_loss_terms, val_forward
+from .paths import check_can_create_dir, ensure_writable_dir
+from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
+    move_to_device, sum_loss_terms, val_forward
 from .position import Position
 from .prefetch import DevicePrefetcher, uses_prefetch
+from .preflight import check_before_run
 from .registry import TRAINERS
+from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
+                             describe)
+from .resume_search import find_resumable, load_verified
 from .step import StepState
 from .train_stream import TrainStream, dataset_name
 from .trained_state import frozen_meta, load_trained_state, trained_state_dict
+from .work_dir_lock import WorkDirLock
 
 
 def _positive_int(name, value):
@@ -105,6 +111,8 @@ class Trainer:
             on CPU) and how many seconds a collective waits for the other ranks.
         strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
         find_unused_parameters: passed to ``DistributedDataParallel``.
+        resume_policy: ``None`` (a resume whose batches per epoch changed mid-epoch is
+            refused) or ``'restart_epoch'`` (such a resume continues from the next epoch).
         compile: ``True`` or a dict of ``torch.compile`` options (``mode``, ``fullgraph``,
             ``dynamic``, ``backend``, ``options``): the training and validation steps call the
             compiled model; checkpoints keep the plain module's keys (``hookloop/compile.py``).
@@ -122,7 +130,7 @@ class Trainer:
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
-                 compile=None, device_prefetch=True, **mmcv_keys):
+                 resume_policy=None, compile=None, device_prefetch=True, **mmcv_keys):
         arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
         arguments.update(mmcv_keys)
         from .compat.mmcv_config import needs_translation, translate
@@ -152,7 +160,10 @@ class Trainer:
             sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
             if path is not None and path != 'auto' and not (storage.isfile(path) or sharded):
                 raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
+        if resume_policy not in RESUME_POLICIES:
+            raise ConfigError(f'resume_policy must be one of {list(RESUME_POLICIES)}, got {resume_policy!r}')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
+        self.resume_policy = resume_policy
         self.revise_keys = revise_keys
         self.cfg = cfg
         self.loss_fn = loss_fn
@@ -209,6 +220,8 @@ class Trainer:
         self._dispatch = None
         self._set_up = set()  # ids of the hooks whose setup() ran
         self._running = False
+        self._lock = WorkDirLock(self.work_dir)  # the local work dir (for a URL run: its local mirror)
+        self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
         self._checkpoint_writer = None  # the background writer of async saves, made on first use
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
@@ -221,16 +234,30 @@ class Trainer:
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
         work_dir = os.fspath(work_dir)
         if storage.is_url(work_dir):
+            # Created when the run starts too (_claim_work_dir); the protocol is checked now.
             url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
             if self.rank == 0:
                 storage.filesystem(url)  # an unknown protocol fails here, in one line
-                storage.makedirs(url)
-                ensure_writable_dir(work_dir, 'local mirror of work_dir')
+                check_can_create_dir(work_dir, 'local mirror of work_dir')
             return url, work_dir
         work_dir = os.path.abspath(work_dir)
-        if self.rank == 0:
-            ensure_writable_dir(work_dir, 'work_dir')
+        if self.rank == 0:  # created when the run starts, so a failed build leaves nothing behind
+            check_can_create_dir(work_dir, 'work_dir')
         return work_dir, work_dir
+
+    def _claim_work_dir(self):
+        """Rank 0: create the work dir and take its lock for the whole run (one run per dir)."""
+        if self.rank != 0:
+            return
+        ensure_writable_dir(self.work_dir, 'work_dir' if self.storage_dir == self.work_dir else
+                            'local mirror of work_dir')
+        self._lock.acquire()
+        if self.storage_dir != self.work_dir:  # a URL: not locked across machines (see docs/checkpoints.md)
+            try:
+                storage.makedirs(self.storage_dir)
+            except BaseException:
+                self._lock.release()
+                raise
 
     def _init_progress(self):
         loader = self.train_dataloader
@@ -364,7 +391,11 @@ class Trainer:
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
         for method in self._dispatch[stage]:
-            method(self, *args)
+            try:
+                method(self, *args)
+            except Exception as exc:
+                say_where(exc, f'{hook_name(method)}.{stage} at epoch {self.epoch + 1}, iteration {self.iter}')
+                raise
 
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
@@ -378,21 +409,35 @@ class Trainer:
         if self.optimizer is None:
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
+        check_before_run(self)
+        self._claim_work_dir()
+        try:
+            resume_path, resume_checkpoint = self._resume_target()
+        except BaseException:
+            self._lock.release()
+            raise
+        if resume_checkpoint is not None and self._already_complete(resume_checkpoint['meta']):
+            try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
+                self._setup_hooks()
+                self._restore(resume_path, resume_checkpoint)
+            finally:
+                self._lock.release()
+            return self.model
+        start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
                          self.world_size, self.storage_dir)
         self.logger.debug('hooks, in the order each stage runs them:\n%s', self.hook_order_table())
-        resume_path = self._resume_path()
-        if self.load_from is not None and resume_path is None:
-            self.load_weights(self.load_from)
         self.exception = self.stop_reason = None
         self._running = True
         self._hook_list.frozen = 'while train() runs'
         run_start = (time.perf_counter(), self.iter)
         try:
+            if self.load_from is not None and resume_path is None:
+                self.load_weights(self.load_from)
             self._setup_hooks()
             self.call_hook('before_run')
             if resume_path is not None:
-                self._restore(resume_path)
+                self._restore(resume_path, resume_checkpoint)
                 run_start = (run_start[0], self.iter)
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
@@ -409,6 +454,12 @@ class Trainer:
         """``after_run`` on every exit path; on an error path a failing hook is logged,
         not raised, so the original error stays visible. Then the closing summary. A failed
         background checkpoint write (``async_save``) fails the run here."""
+        try:
+            self._after_run(run_start)
+        finally:
+            self._lock.release()
+
+    def _after_run(self, run_start):
         save_error = None
         try:
             self.wait_for_checkpoint()  # after_run and error paths see the last save on disk
@@ -419,7 +470,19 @@ class Trainer:
             else:
                 self.logger.error('%s (while handling %r)', exc, self.exception)
         if self.exception is None:
-            self.call_hook('after_run')
+            # Every hook's after_run runs (loggers close) even when an earlier one fails.
+            failure = None
+            for method in self._dispatch['after_run']:
+                try:
+                    method(self)
+                except BaseException as exc:
+                    if failure is None:
+                        failure = exc
+                    else:
+                        self.logger.error('%s.after_run also failed: %r', hook_name(method), exc)
+            if failure is not None:
+                self.exception = failure
+                raise failure
         else:
             if self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
                 self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
@@ -461,14 +524,27 @@ class Trainer:
         before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
         position, step, length = self.position, self.step, self.epoch_length
         while self.inner_iter < length and self.stop_reason is None:
-            self.data_batch = batch = self.to_device(stream.next_batch())
+            try:
+                batch = stream.next_batch()
+            except Exception as exc:
+                say_where(exc, f'loading batch {self.inner_iter} of epoch {self.epoch + 1} from train_dataloader')
+                raise
+            self.data_batch = batch = self.to_device(batch)
             step.begin()
-            for method in before_iter:
-                method(self)
+            try:
+                for method in before_iter:
+                    method(self)
+            except Exception as exc:
+                say_where(exc, f'{hook_name(method)}.before_train_iter at iteration {self.iter}')
+                raise
             self.outputs = self.train_step(batch)
             position.end_iteration()
-            for method in after_iter:
-                method(self)
+            try:
+                for method in after_iter:
+                    method(self)
+            except Exception as exc:
+                say_where(exc, f'{hook_name(method)}.after_train_iter at iteration {self.iter}')
+                raise
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
             position.next_iteration()
@@ -487,14 +563,19 @@ class Trainer:
     def train_step(self, batch):
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
         with self.step.forward_context():
-            if self._model_train_step:
-                outputs, logged = mmcv_train_step(self.model, batch, self.optimizer)
-                self.meters.update_dict(logged)
-                return outputs
-            outputs = call_model(self.wrapped_model, batch)
-            if self.loss_fn is not None:
-                outputs = self.loss_fn(outputs, batch)
+            try:
+                if self._model_train_step:
+                    outputs, logged = mmcv_train_step(self.model, batch, self.optimizer)
+                    self.meters.update_dict(logged)
+                    return outputs
+                outputs = call_model(self.wrapped_model, batch)
+                if self.loss_fn is not None:
+                    outputs = self.loss_fn(outputs, batch)
+            except Exception as exc:
+                say_where(exc, f'the model step (forward and loss_fn) at iteration {self.iter}')
+                raise
         outputs, terms = sum_loss_terms(as_outputs(outputs))
+        check_losses(outputs, self.iter)
         self.meters.update_dict(terms)
         return outputs
 
@@ -560,7 +641,8 @@ class Trainer:
         checkpoint = {
             'meta': {**self.position.state_dict(), 'seed': self.seed,
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
-                     'world_size': self.world_size, 'time': time.strftime('%Y-%m-%d %H:%M:%S'),
+                     'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
+                     'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(self.cfg) if self.cfg is not None else None},
             'state_dict': self.model.state_dict(),
             'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
@@ -621,18 +703,42 @@ class Trainer:
         if self._checkpoint_writer is not None:
             self._checkpoint_writer.wait()
 
-    def _resume_path(self):
-        """The checkpoint ``train()`` continues from, or None for a new run."""
+    def _checkpoint_dirs(self):
+        """Directories other than the work dir where this run's checkpoint hooks save."""
+        dirs = []
+        for hook in self.hooks:
+            out_dir = getattr(hook, 'out_dir', None) if role_of(hook) == 'checkpoint' else None
+            if isinstance(out_dir, (str, os.PathLike)):
+                dirs.append(storage.join(self.storage_dir, os.fspath(out_dir)))
+        return dirs
+
+    def _resume_target(self):
+        """``(path, checkpoint)`` this run continues from, or ``(None, None)`` for a new run.
+
+        ``resume_from=PATH``: that checkpoint, verified (a damaged one is one clear error).
+        ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
+        ones are skipped (logged) and left in place."""
         path = self.resume_from
         if path == 'auto' or (path is None and self.auto_resume):
-            path = read_pointer(self.storage_dir)
-            if path is None:
-                self.logger.info('no last_checkpoint in %s: starting a new run', self.storage_dir)
-                return None
-            if not (storage.isfile(path) or is_sharded_checkpoint(path)):
-                raise CheckpointError(f'{storage.join(self.storage_dir, "last_checkpoint")} names {path!r}, '
-                                      'which does not exist (moved or deleted?)')
-        return path
+            found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
+                                   map_location=self.device)
+            if found is None:
+                self.logger.info('no checkpoint in %s: starting a new run', self.storage_dir)
+                return None, None
+            return found
+        if path is None:
+            return None, None
+        return path, check_resumable(path, load_verified(path, map_location=self.device))
+
+    def _already_complete(self, meta):
+        """True (and says so) when the checkpoint to resume from ends the planned run."""
+        if meta.get('iter', 0) < self.max_iters:
+            return False
+        epochs_done = math.ceil(meta['iter'] / self.iters_per_epoch)  # the last one may end mid-loader
+        self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
+                         epochs_done, meta['iter'], 'epochs' if self.by_epoch else 'iters',
+                         self.max_epochs if self.by_epoch else self.max_iters)
+        return True
 
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
@@ -646,16 +752,17 @@ class Trainer:
         self.resume_from, self.load_from = path, None
         return None
 
-    def _restore(self, path):
-        """Restore model, optimizer, counters, hook states and RNG from a checkpoint."""
+    def _restore(self, path, checkpoint=None):
+        """Restore model, optimizer, counters, hook states and RNG from a checkpoint
+        (``checkpoint``: its dict, when the caller has loaded and verified it already)."""
         if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
             hook_states = {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')}
             checkpoint = load_sharded(path, self.model, self.optimizer, hook_states)
         else:
-            checkpoint = load_checkpoint(path, map_location=self.device)
-            for key in ('meta', 'state_dict'):
-                if key not in checkpoint:
-                    raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
+            if checkpoint is None:
+                checkpoint = load_checkpoint(path, map_location=self.device)
+            check_resumable(path, checkpoint)
+            restart = self._check_epoch_length(checkpoint['meta'], path)
             try:
                 frozen = checkpoint['meta'].get('frozen')
                 if frozen is not None and not frozen.get('saved', True):
@@ -664,14 +771,24 @@ class Trainer:
                     self.model.load_state_dict(checkpoint['state_dict'])
                 if 'optimizer' in checkpoint and self.optimizer is not None:
                     self.optimizer.load_state_dict(checkpoint['optimizer'])
-            except (RuntimeError, ValueError, KeyError) as exc:
-                raise CheckpointError(f'{path!r} does not fit this model/optimizer: '
-                                      f'{str(exc).strip().splitlines()[0]}') from None
+            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])
+                raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
         meta = checkpoint['meta']
+        if is_sharded_checkpoint(path):
+            restart = self._check_epoch_length(meta, path)
+        changes = self._config_changes(meta)
+        if changes and self.optimizer is not None:
+            apply_optimizer_changes(self.optimizer, changes)
         if meta.get('world_size', self.world_size) != self.world_size:  # the sharding of each epoch changes
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
                                 'from the original run', path, meta['world_size'], self.world_size)
         self.position.load_state_dict(meta)
+        if restart is not None:
+            self.epoch, self.iter, self.inner_iter = restart
+            self.logger.warning("resume_policy='restart_epoch': %s has %d batches per epoch, this run %d; "
+                                'continuing from the start of epoch %d (iteration %d)', path,
+                                meta['iters_per_epoch'], self.iters_per_epoch, self.epoch + 1, self.iter)
         self.seed = meta.get('seed', self.seed)
         if self.train_dataloader is not None:
             self.train_stream.seed = self.seed
@@ -681,11 +798,33 @@ class Trainer:
             if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
                 hook.load_state_dict(saved_states[hook.name])
         if 'rng' in checkpoint:
-            set_rng_state(checkpoint['rng'])
+            try:
+                set_rng_state(checkpoint['rng'])
+            except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+                raise CheckpointError(f'{path!r} is damaged: its "rng" entry cannot be restored '
+                                      f'({type(exc).__name__}: {exc})') from None
+        self.resumed_from = storage.normalize(path)
         self.call_hook('after_load_checkpoint', checkpoint)
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
                          self.inner_iter)
         return checkpoint
+
+    def _check_epoch_length(self, meta, path):
+        # Only a map-style loader's position is a batch index into a permutation of the whole
+        # dataset; streams carry their own position (train_stream.py) and re-plan themselves.
+        if not isinstance(getattr(self.train_dataloader, 'batch_sampler', None), ResumableBatchSampler):
+            return None
+        return check_epoch_length(meta, self.iters_per_epoch, self.world_size, self.resume_policy, path)
+
+    def _config_changes(self, meta):
+        """Log, in one block, how the current config differs from the checkpoint's."""
+        saved, current = meta.get('config'), plain(self.cfg) if self.cfg is not None else None
+        if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
+            return []
+        changes = config_differences(saved, current)
+        if changes:
+            self.logger.warning('%s', describe(changes, meta['iter']))
+        return changes
 
     def load_weights(self, path, strict=True, revise_keys=None):
         """Initialise the model from a checkpoint's weights only (a fresh schedule).
@@ -709,11 +848,43 @@ class Trainer:
         return checkpoint
 
     def close(self):
-        """Release the log files (the trainer cannot log afterwards). The process group
-        stays up for later trainers in this process; it is destroyed at exit (or at once
-        when training fails), because re-creating it under torchrun is not reliable."""
-        self.wait_for_checkpoint()
+        """Release the log files and the work dir's lock (the trainer cannot log afterwards),
+        after waiting for a background checkpoint write. The process group stays up for later
+        trainers in this process; it is destroyed at exit (or at once when training fails),
+        because re-creating it under torchrun is not reliable."""
+        try:
+            self.wait_for_checkpoint()
+        finally:
+            self._lock.release()
         close_logger(self.logger)
+
+
+def check_resumable(path, checkpoint):
+    """``checkpoint`` if it has what a resume reads, else a CheckpointError naming ``path``."""
+    sharded = is_sharded_checkpoint(path)
+    for key in ('meta',) if sharded else ('meta', 'state_dict'):
+        if key not in checkpoint:
+            raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
+    meta = checkpoint['meta']
+    if not isinstance(meta, Mapping) or not all(
+            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in ('epoch', 'iter', 'inner_iter')):
+        raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
+    return checkpoint
+
+
+def say_where(exc, where):
+    """Note on a user-code error where hookloop was when it happened (the innermost place
+    wins). ``hookloop train`` prints it as the first line, above the traceback."""
+    if isinstance(exc, HookloopError):  # already one clear line
+        return
+    if not any(note.startswith('hookloop: raised while ') for note in getattr(exc, '__notes__', ())):
+        exc.add_note(f'hookloop: raised while {where}' if where.startswith('loading') else
+                     f'hookloop: raised while running {where}')
+
+
+def hook_name(method):
+    hook = getattr(method, '__self__', None)
+    return getattr(hook, 'name', type(hook).__name__) if hook is not None else getattr(method, '__name__', '?')
 
 
 def build_trainer(name='default', default_args=None):

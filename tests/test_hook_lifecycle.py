@@ -179,7 +179,7 @@ def test_a_nan_first_score_never_becomes_the_best(tmp_path):
                    val_evaluator=scripted_evaluator([math.nan, 2.0, 3.0]),
                    evaluation=dict(interval=1, save_best='mse', rule='less'))
     train_and_close(trainer)
-    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / 'best_*'))) == ['best_mse_epoch_2.pth']
+    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / 'best_*.pth'))) == ['best_mse_epoch_2.pth']
     assert 'mse = nan is not finite; it is ignored for the best checkpoint' in text_log(tmp_path)
 
 
@@ -189,7 +189,7 @@ def test_save_best_meeting_an_empty_result_warns(tmp_path):
                    checkpoint_config=dict(interval=1, save_best='mse'))
     train_and_close(trainer)
     assert "save_best='mse': the evaluation returned no metrics" in text_log(tmp_path)
-    assert [os.path.basename(p) for p in glob.glob(str(tmp_path / 'best_*'))] == ['best_mse_epoch_2.pth']
+    assert [os.path.basename(p) for p in glob.glob(str(tmp_path / 'best_*.pth'))] == ['best_mse_epoch_2.pth']
 
 
 # -- logging and timing ---------------------------------------------------------------------

@@ -83,7 +83,7 @@ def test_mmcv_epoch_config_with_bases_trains_from_cli(tmp_path):
     cfg = write_configs(tmp_path, dataset=DATASET + "\nfp16 = dict(loss_scale=512.)\n")
     work_dir = str(tmp_path / 'run')
     assert main(['train', cfg, '--work-dir', work_dir]) == 0
-    assert sorted(n for n in os.listdir(work_dir) if n.startswith('epoch_')) == ['epoch_1.pth', 'epoch_2.pth',
+    assert sorted(n for n in os.listdir(work_dir) if n.startswith('epoch_') and n.endswith('.pth')) == ['epoch_1.pth', 'epoch_2.pth',
                                                                                  'epoch_3.pth']
     records = log_records(work_dir)
     train = [r for r in records if r.get('mode') == 'train']
@@ -112,7 +112,7 @@ def test_runner_max_epochs_from_cfg_options(tmp_path):
     work_dir = str(tmp_path / 'run')
     assert main(['train', cfg, '--work-dir', work_dir, '--cfg-options', 'runner.max_epochs=1',
                  'evaluation.interval=5']) == 0
-    assert sorted(n for n in os.listdir(work_dir) if n.startswith('epoch_')) == ['epoch_1.pth']
+    assert sorted(n for n in os.listdir(work_dir) if n.startswith('epoch_') and n.endswith('.pth')) == ['epoch_1.pth']
 
 
 ITER_SCHEDULE = """
@@ -132,7 +132,7 @@ def test_iter_based_runner_with_poly_lr(tmp_path):
                         dataset=DATASET.split('evaluation =')[0])
     work_dir = str(tmp_path / 'run')
     assert main(['train', cfg, '--work-dir', work_dir]) == 0
-    assert sorted(n for n in os.listdir(work_dir) if n.startswith('iter_')) == ['iter_10.pth', 'iter_5.pth']
+    assert sorted(n for n in os.listdir(work_dir) if n.startswith('iter_') and n.endswith('.pth')) == ['iter_10.pth', 'iter_5.pth']
     records = [r for r in log_records(work_dir) if r.get('mode') == 'train']
     lrs = [r['lr'] for r in records]
     expected = [(0.01 - 1e-4) * (1 - i / 10) ** 0.9 + 1e-4 for i in range(10)]  # MMCV's poly rule, per iter
@@ -167,7 +167,7 @@ def test_workflow_val_runs_validation_and_total_epochs_sets_the_length(tmp_path)
     cfg = write_configs(tmp_path, schedule=schedule, runtime=runtime, dataset=dataset)
     work_dir = str(tmp_path / 'run')
     assert main(['train', cfg, '--work-dir', work_dir]) == 0
-    assert sorted(n for n in os.listdir(work_dir) if n.startswith('epoch_')) == ['epoch_1.pth', 'epoch_2.pth']
+    assert sorted(n for n in os.listdir(work_dir) if n.startswith('epoch_') and n.endswith('.pth')) == ['epoch_1.pth', 'epoch_2.pth']
     assert 'val' in text_log(work_dir).lower()
 
 

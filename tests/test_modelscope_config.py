@@ -58,7 +58,7 @@ def test_configuration_json_trains_from_cli(tmp_path):
     assert main(['train', path, '--cfg-options', 'seed=0', 'device="cpu"']) == 0
     work_dir = str(tmp_path / 'work')
     names = os.listdir(work_dir)
-    assert sorted(n for n in names if n.startswith('epoch_')) == ['epoch_2.pth', 'epoch_3.pth']  # max_checkpoint_num
+    assert sorted(n for n in names if n.startswith('epoch_') and n.endswith('.pth')) == ['epoch_2.pth', 'epoch_3.pth']  # max_checkpoint_num
     assert any(n.startswith('best_accuracy') for n in names)
     logged = records(work_dir)
     train = [r for r in logged if r.get('mode') == 'train']

@@ -14,7 +14,7 @@ from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
 from hookloop.checkpoint import load_checkpoint, read_pointer
-from hookloop.errors import ConfigError
+from hookloop.errors import CheckpointError, ConfigError
 from resume_helpers import CONFIG, assert_states_equal, comparable, kill_leftovers, launch, reference_run
 
 fsspec = pytest.importorskip('fsspec')
@@ -122,8 +122,11 @@ def test_checkpoint_out_dir_on_s3_writes_no_local_folder(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     work_dir = tmp_path / 'work'
     trainer = train(make_trainer(str(work_dir), dict(interval=1, out_dir=f's3://{bucket}/ckpt', max_keep_ckpts=2)))
-    assert names(fs, f'{bucket}/ckpt') == ['epoch_2.pth', 'epoch_3.pth']
-    assert read_pointer(str(work_dir)) == f's3://{bucket}/ckpt/epoch_3.pth'  # the pointer stays in the work dir
+    assert names(fs, f'{bucket}/ckpt') == ['epoch_2.pth', 'epoch_2.pth.sha256', 'epoch_3.pth', 'epoch_3.pth.sha256']
+    # the pointer stays in the work dir; it names the hook's out_dir, which read_pointer is told of
+    assert read_pointer(str(work_dir), also_inside=[f's3://{bucket}/ckpt']) == f's3://{bucket}/ckpt/epoch_3.pth'
+    with pytest.raises(CheckpointError, match='outside the work dir'):
+        read_pointer(str(work_dir))
     assert_states_equal(load_checkpoint(f's3://{bucket}/ckpt/epoch_3.pth')['state_dict'], trainer.model.state_dict())
     assert sorted(os.listdir(tmp_path)) == ['work'] and not any('s3:' in n for n in os.listdir(work_dir))
 
@@ -167,3 +170,40 @@ def test_s3_train_kill_resume_auto_is_bitwise(tmp_path, s3):
     reference = reference_run(str(config), tmp_path / 'reference')
     assert_states_equal(comparable(final), comparable(load_checkpoint(read_pointer(reference.work_dir))))
     assert not os.path.exists('s3:')
+
+
+# -- trust (issue 12) on a URL storage dir ---------------------------------------------------
+@pytest.mark.parametrize('async_save', [False, True], ids=['sync', 'async'])
+def test_memory_sidecars_relative_pointer_and_walk_back(tmp_path, monkeypatch, memory_fs, async_save):
+    """On ``memory://`` every checkpoint gets its ``.sha256`` (async saves too), the pointer holds
+    a plain file name, a damaged latest fails verification and ``--resume auto`` walks back."""
+    monkeypatch.chdir(tmp_path)
+    url = 'memory://hookloop-test/trust'
+    checkpoint = dict(interval=1, by_epoch=False, max_keep_ckpts=3, async_save=async_save)
+    train(make_trainer(url, checkpoint, extra_hooks=[StopAfter(6)]))
+    files = names(memory_fs, '/hookloop-test/trust')
+    assert [n for n in files if n.endswith('.pth')] == ['iter_4.pth', 'iter_5.pth', 'iter_6.pth']
+    assert all(n + '.sha256' in files for n in files if n.endswith('.pth'))
+    assert memory_fs.cat_file('/hookloop-test/trust/last_checkpoint') == b'iter_6.pth'
+    assert read_pointer(url) == url + '/iter_6.pth'
+    # flip one byte of the latest: load refuses it, --resume auto falls back to iter_5
+    data = bytearray(memory_fs.cat_file('/hookloop-test/trust/iter_6.pth'))
+    data[len(data) // 2] ^= 0xFF
+    memory_fs.pipe_file('/hookloop-test/trust/iter_6.pth', bytes(data))
+    with pytest.raises(CheckpointError, match='SHA-256 does not match'):
+        load_checkpoint(url + '/iter_6.pth')
+    resumed = make_trainer(url, checkpoint, resume_from='auto')
+    path, found = resumed._resume_target()
+    resumed.close()
+    assert path == url + '/iter_5.pth' and found['meta']['iter'] == 5
+
+
+def test_url_pointer_outside_the_storage_dir_is_refused(memory_fs):
+    memory_fs.pipe_file('/hookloop-test/a/last_checkpoint', b'../b/iter_1.pth')
+    with pytest.raises(CheckpointError, match='outside the work dir'):
+        read_pointer('memory://hookloop-test/a')
+    memory_fs.pipe_file('/hookloop-test/a/last_checkpoint', b'memory://hookloop-test/ab/iter_1.pth')
+    with pytest.raises(CheckpointError, match='outside the work dir'):
+        read_pointer('memory://hookloop-test/a')
+    assert read_pointer('memory://hookloop-test/a', also_inside=['memory://hookloop-test/ab']) == \
+        'memory://hookloop-test/ab/iter_1.pth'

@@ -4,6 +4,7 @@ from .base import STAGES, Hook
 from .checkpoint import CheckpointHook
 from .ema import EMAHook
 from .evaluation import EvaluationHook
+from .finite_loss import FiniteLossGuard
 from .invalid_loss import CheckInvalidLossHook
 from .loggers import (DvcliveLoggerHook, LoggerHook, MlflowLoggerHook, NeptuneLoggerHook, TensorboardLoggerHook,
                       TextLoggerHook, WandbLoggerHook)
@@ -13,7 +14,7 @@ from .progress import ProgressBarHook
 from .timer import IterTimerHook
 from .torch_scheduler import TorchSchedulerHook
 
-__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'EMAHook', 'EvaluationHook',
+__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'EMAHook', 'EvaluationHook', 'FiniteLossGuard',
            'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook', 'IterTimerHook', 'OptimizerHook',
            'OptimizerProcessor', 'PreemptionHook', 'TextLoggerHook', 'LoggerHook', 'TensorboardLoggerHook',
            'MlflowLoggerHook', 'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'ProgressBarHook',

@@ -3,7 +3,7 @@ import os
 
 from .. import storage
 from ..best_checkpoint import BestCheckpoint
-from ..checkpoint import read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
+from ..checkpoint import inside, read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
@@ -26,7 +26,9 @@ class CheckpointHook(Hook):
         out_dir: where to save; relative paths are inside the work dir (default: the work dir).
             The ``last_checkpoint`` pointer stays in the work dir.
         max_keep_ckpts: keep only this many of the newest interval checkpoints (-1 keeps all).
-            The latest checkpoint and the best one are never deleted.
+            The latest checkpoint and the best one are never deleted. The checkpoint a run
+            resumed from counts as one of them when it lies in this hook's directory; files
+            outside this run's work dir and ``out_dir`` are never deleted.
         save_last: also save after the last epoch / iteration.
         save_best: a metric name in ``trainer.metrics`` (set by evaluation), or ``'auto'`` for
             the first metric. Each time a new evaluation improves it, the checkpoint at that
@@ -74,13 +76,21 @@ class CheckpointHook(Hook):
         if not isinstance(async_save, bool):
             raise ConfigError(f'CheckpointHook async_save must be True or False, got {async_save!r}')
         self.async_save = async_save
-        self.saved = []          # interval checkpoints, oldest first
+        self.saved = []          # interval checkpoints (absolute paths or URLs), oldest first
         self._writing = None     # the interval checkpoint being saved: its own state lists it
         self._retention_due = False  # async: old checkpoints go once the newest one is on disk
 
     # -- stages ------------------------------------------------------------------------------
+    def setup(self, trainer):
+        # Known before any state is loaded (an EMAHook(resume_from=...) loads in its before_run).
+        # Checkpoints live under the storage dir (the work dir, or its URL).
+        self._work_dir = trainer.storage_dir
+        self.directory = storage.join(trainer.storage_dir, os.fspath(self.out_dir)) if self.out_dir \
+            else trainer.storage_dir
+        if self.best is not None:
+            self.best.bind(self.directory)
+
     def before_run(self, trainer):
-        self.directory = storage.join(trainer.storage_dir, self.out_dir) if self.out_dir else trainer.storage_dir
         if trainer.rank == 0:
             storage.makedirs(self.directory)
             for path in remove_stale_temporaries(self.directory):
@@ -106,6 +116,20 @@ class CheckpointHook(Hook):
         if not self.by_epoch and (self.every_n_iters(trainer, self.interval) or
                                   (self.save_last and self.is_last_iter(trainer))):
             self._save(trainer, name)
+
+    def after_load_checkpoint(self, trainer, checkpoint):
+        # Retention counts the checkpoint the run continued from (a preempt or another
+        # name), so max_keep_ckpts holds across any number of resumes.
+        resumed = getattr(trainer, 'resumed_from', None)
+        directory = getattr(self, 'directory', None)
+        if resumed and directory and self._owns(resumed) and resumed not in self.saved and \
+                (self.best is None or resumed != self.best.path):
+            self.saved.insert(0, resumed)
+
+    def _owns(self, path):
+        """True for a path this hook may delete: inside its directory or the work dir."""
+        directories = [d for d in (getattr(self, 'directory', None), getattr(self, '_work_dir', None)) if d]
+        return any(inside(path, d) for d in directories)
 
     # -- saving ----------------------------------------------------------------------------
     def _write(self, trainer, path, update_last):
@@ -144,12 +168,15 @@ class CheckpointHook(Hook):
         self._retention_due = False
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
-        latest = read_pointer(trainer.storage_dir)
+        try:
+            latest = read_pointer(trainer.storage_dir, also_inside=[self.directory])
+        except CheckpointError:
+            latest = None
         best = self.best.path if self.best is not None else None
         protected = {storage.normalize(p) for p in (latest, best, self.saved[-1]) if p}
         while len(self.saved) > self.max_keep_ckpts:
             old = self.saved.pop(0)
-            if storage.normalize(old) in protected:
+            if storage.normalize(old) in protected or not self._owns(old):
                 continue
             for victim in (old, os.path.splitext(old)[0] + '.safetensors'):
                 if storage.exists(victim):
@@ -164,15 +191,28 @@ class CheckpointHook(Hook):
         return self.best.run_summary(trainer) if self.best is not None else {}
 
     # -- state -------------------------------------------------------------------------------
+    # Paths are stored relative to the work dir, so a copied or moved work dir deletes its
+    # own files, never the original's; a path that resolves outside this run's directories
+    # (an older checkpoint's absolute path, another run's file) is forgotten, not deleted.
+    def _relative(self, path):
+        base = getattr(self, '_work_dir', None)
+        return storage.relpath(path, base) if base and self._owns(path) else path
+
+    def _resolve(self, path):
+        if not isinstance(path, str):
+            return None
+        path = storage.resolve(self._work_dir, path)
+        return path if self._owns(path) else None
+
     def state_dict(self):
         # A checkpoint lists itself, so a run resumed from it counts it (and removes it in turn).
         saved = self.saved + [self._writing] if self._writing and self._writing not in self.saved else self.saved
-        state = {'saved': list(saved)}
+        state = {'saved': [self._relative(p) for p in saved]}
         if self.best is not None:
             state.update(self.best.state_dict())
         return state
 
     def load_state_dict(self, state):
-        self.saved = list(state.get('saved', []))
+        self.saved = [p for p in map(self._resolve, state.get('saved', [])) if p is not None]
         if self.best is not None:
             self.best.load_state_dict(state)

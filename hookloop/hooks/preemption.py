@@ -17,22 +17,30 @@ if hasattr(signal, 'SIGUSR1'):
 class PreemptionHook(Hook):
     """Turns a termination signal into a clean stop with a checkpoint.
 
+    Registered by default whenever the run has a checkpoint hook; register it yourself to
+    change ``signals`` or to stop without saving (``save=False``).
+
     On the first signal the trainer finishes the iteration in progress (the signal handler
     only records a stop request, so no work is cut in half), then this hook saves
     ``preempt_iter_{n}.pth`` (n = completed iterations), moves ``last_checkpoint`` to it and
     the run ends normally: ``after_run`` of every hook runs, so loggers flush and close, and
     ``hookloop train`` exits with status 0. ``--resume auto`` continues from there.
-    A second signal aborts at once with the signal's default action (no save).
+    A second signal aborts at once with the signal's default action (no save, no traceback).
+
+    With several ranks the stop is agreed: after each iteration every rank starts a
+    non-blocking all-reduce (MAX, on a CPU gloo group of its own) of "I got a signal" and
+    reads the previous iteration's result, which has long arrived. So all ranks stop after
+    the same iteration, one iteration after the first of them got the signal, and no rank
+    waits on the others in a step that has nothing to do with the signal.
 
     Args:
         signals: names of the signals to catch (default SIGTERM and SIGINT; SIGUSR1 too
             where it exists, e.g. for SLURM's ``--signal=USR1@60``).
         save: save a checkpoint on the way out (default True).
 
-    Handlers are installed in ``before_run`` and the previous ones restored in ``after_run``;
-    Python only runs signal handlers in the main thread, so in another thread the hook
-    warns and does nothing. Each rank reacts to its own signal; with several processes
-    send the signal to all of them (torchrun and SLURM do).
+    Handlers are installed in ``before_run`` and the previous ones restored in ``after_run``,
+    where a handled signal is also forgotten (a later ``train()`` runs normally). Python only
+    runs signal handlers in the main thread, so in another thread the hook does nothing.
     """
 
     PRIORITY = Priority.NORMAL
@@ -46,14 +54,22 @@ class PreemptionHook(Hook):
             raise ConfigError(f'PreemptionHook signals: unknown {unknown}; known: {sorted(_SIGNALS)}')
         self.signals = [_SIGNALS[s] for s in signals]
         self.save = save
-        self.received = None
+        self.received = None    # the signal this process got, by name
+        self.stopping = False   # the stop this run agreed on (every rank alike)
         self._previous = {}
+        self._group = self._pending = self._flag = None
 
     def before_run(self, trainer):
+        self.received, self.stopping = None, False
+        self._trainer = trainer
+        if trainer.world_size > 1:
+            import torch.distributed as dist
+            # A gloo group of our own: the flag is a CPU tensor whatever the training
+            # backend, so reading it never waits for a device.
+            self._group = dist.new_group(backend='gloo')
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning('PreemptionHook: not in the main thread, signals are not caught')
             return
-        self._trainer = trainer
         for signum in self.signals:
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
@@ -64,17 +80,47 @@ class PreemptionHook(Hook):
             os.kill(os.getpid(), signum)
             return
         self.received = signal.Signals(signum).name
-        self._trainer.request_stop(f'received {self.received}')
+        if self._group is None:  # one process: nobody to agree with
+            self._stop(self._trainer, f'received {self.received}')
+
+    def _stop(self, trainer, reason):
+        self.stopping = True
+        trainer.request_stop(reason)
+
+    def after_train_iter(self, trainer):
+        if self._group is None:
+            return
+        import torch
+        import torch.distributed as dist
+        if self._pending is not None:
+            self._pending.wait()  # started one iteration ago: already complete
+            self._pending = None
+            if int(self._flag[0]) > 0:
+                why = f'received {self.received}' if self.received else 'another rank received a signal'
+                self._stop(trainer, why)
+                return
+        self._flag = torch.tensor([1 if self.received else 0], dtype=torch.int32)
+        self._pending = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
 
     def after_run(self, trainer):
         try:
-            if self.received is not None and self.save and trainer.exception is None:
+            # Every rank started the last all-reduce: finish it together (after an error a
+            # peer may be gone, so do not wait then).
+            if self._pending is not None and trainer.exception is None:
+                self._pending.wait()
+            self._pending = None
+            if self.stopping and self.save and trainer.exception is None:
                 epoch, it, _ = trainer.position.resume_point()
                 path = trainer.save_checkpoint(f'preempt_iter_{it}.pth')
                 trainer.logger.info('%s: saved %s at epoch %d, iteration %d; continue with --resume auto',
-                                    self.received, path, epoch, it)
+                                    self.received or 'signal on another rank', path, epoch, it)
         finally:
             self._restore()
+            self.received, self.stopping = None, False
+            if self._group is not None:
+                import torch.distributed as dist
+                dist.destroy_process_group(self._group)
+                self._group = None
 
     def _restore(self):
         for signum, previous in self._previous.items():

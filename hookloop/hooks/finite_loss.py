@@ -1,0 +1,75 @@
+"""FiniteLossGuard: by default, a NaN/Inf loss stops the run instead of ending it silently.
+
+It looks only at numbers that are on the host already or about to be synced anyway:
+
+* at a log event, the summary the loggers computed (``trainer.meters.last_summary``), read
+  at the start of the next iteration (before its optimizer step);
+* before every checkpoint is written, the loss values since its previous look (a save
+  syncs the whole model anyway), so a checkpoint never holds weights that a non-finite
+  loss has reached, and ``last_checkpoint`` keeps naming the last good one;
+* after the last iteration.
+
+So it costs no host sync on other iterations. A registered ``CheckInvalidLossHook`` (same
+role, per-step policies ``raise``/``skip``/``rollback``) replaces it.
+"""
+import math
+
+from ..errors import InvalidLossError
+from ..priority import Priority
+from ..registry import HOOKS
+from .base import Hook
+
+
+def non_finite_losses(summary):
+    """``{key: value}`` of the loss keys of a meter summary whose average or latest value is
+    NaN or infinite."""
+    bad = {}
+    for key, stats in summary.items():
+        if key.startswith('loss'):
+            for field in ('avg', 'latest'):
+                if not math.isfinite(stats[field]):
+                    bad[key] = stats[field]
+                    break
+    return bad
+
+
+@HOOKS.register_module()
+class FiniteLossGuard(Hook):
+    PRIORITY = Priority.VERY_LOW
+    ROLE = 'invalid_loss'
+    RUNS_BEFORE = ('optimizer',)  # a bad loss seen at a log event stops the run before the next step
+
+    def __init__(self):
+        self._mark = self._checked = None
+
+    def before_run(self, trainer):
+        self._mark = trainer.meters.mark()
+        self._checked = getattr(trainer.meters, 'last_summary', None)
+
+    def after_train_iter(self, trainer):
+        summary = getattr(trainer.meters, 'last_summary', None)
+        if summary is not None and summary is not self._checked:
+            self._checked = summary
+            self._raise_if_bad(trainer, summary, trainer.iter, 'logged')
+        if self.is_last_iter(trainer):
+            self._check_since_last_look(trainer, trainer.iter + 1)
+
+    def before_save_checkpoint(self, trainer, checkpoint):
+        self._check_since_last_look(trainer, checkpoint['meta']['iter'])
+
+    def _check_since_last_look(self, trainer, iterations_done):
+        summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
+        self._mark = trainer.meters.mark()
+        self._checked = trainer.meters.last_summary
+        self._raise_if_bad(trainer, summary, iterations_done, 'seen before saving')
+
+    def _raise_if_bad(self, trainer, summary, iterations_done, how):
+        bad = non_finite_losses(summary)
+        if not bad:
+            return
+        values = ', '.join(f'{k}={v}' for k, v in sorted(bad.items()))
+        raise InvalidLossError(
+            f'non-finite loss ({values}) {how} by iteration {iterations_done} (epoch {trainer.epoch + 1}); '
+            'training stopped and no checkpoint was written with it: last_checkpoint still names the last '
+            'good one. Register CheckInvalidLossHook(on_invalid="skip" or "rollback") to train through bad '
+            'batches')
