@@ -390,7 +390,12 @@ class Trainer:
 
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
-        for method in self._dispatch[stage]:
+        self._call_each(self._dispatch[stage], stage, *args)
+
+    def _call_each(self, methods, stage, *args):
+        """Call each of ``methods`` (one stage's dispatch list); a user error gets a note that
+        names the hook and the stage."""
+        for method in methods:
             try:
                 method(self, *args)
             except Exception as exc:
@@ -531,20 +536,10 @@ class Trainer:
                 raise
             self.data_batch = batch = self.to_device(batch)
             step.begin()
-            try:
-                for method in before_iter:
-                    method(self)
-            except Exception as exc:
-                say_where(exc, f'{hook_name(method)}.before_train_iter at iteration {self.iter}')
-                raise
+            self._call_each(before_iter, 'before_train_iter')
             self.outputs = self.train_step(batch)
             position.end_iteration()
-            try:
-                for method in after_iter:
-                    method(self)
-            except Exception as exc:
-                say_where(exc, f'{hook_name(method)}.after_train_iter at iteration {self.iter}')
-                raise
+            self._call_each(after_iter, 'after_train_iter')
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
             position.next_iteration()
@@ -609,8 +604,7 @@ class Trainer:
         with torch.no_grad():
             for batch in self.val_dataloader:
                 self.data_batch = batch = self.to_device(batch)
-                for method in before_iter:
-                    method(self)
+                self._call_each(before_iter, 'before_val_iter')
                 with self.step.val_forward_context():
                     self.val_outputs = val_forward(self.wrapped_model, self.model, batch, self.val_evaluator)
                 if self.val_evaluator is not None:
@@ -619,8 +613,7 @@ class Trainer:
                         outputs, kept, remaining = take_first(self.val_outputs, batch, remaining)
                     if kept is not None:
                         self.val_evaluator.update(outputs, kept)
-                for method in after_iter:
-                    method(self)
+                self._call_each(after_iter, 'after_val_iter')
                 self.val_iter += 1
         self.metrics = dict(self.val_evaluator.compute()) if self.val_evaluator is not None else {}
         self.position.validations += 1  # hooks tell a new result from an old one by this count

@@ -80,7 +80,7 @@ def test_hook_error_keeps_traceback_under_a_line_naming_hook_and_stage(tmp_path,
         main(['train', config, '--work-dir', str(tmp_path / 'run'), '--cfg-options',
               "custom_hooks=[{'type':'FailingHook'}]"])
     first = capsys.readouterr().err.splitlines()[0]
-    assert first == ('hookloop: error while running FailingHook.after_train_iter at iteration 2: '
+    assert first == ('hookloop: error while running FailingHook.after_train_iter at epoch 1, iteration 2: '
                      'ZeroDivisionError: division by zero'), first
 
 

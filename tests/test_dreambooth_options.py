@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import train_and_close as train
+from dreambooth_helpers import dreambooth
 from hookloop import ConfigError, build_trainer
 from hookloop.dreambooth.dataset import image_to_tensor
 
@@ -18,19 +19,6 @@ from hookloop.dreambooth.random_pipeline import save_random_pipeline  # noqa: E4
 @pytest.fixture(scope='module')
 def base(tmp_path_factory):
     return save_random_pipeline(str(tmp_path_factory.mktemp('sd')), resolution=16)
-
-
-def subject_samples():
-    """Two fixed 16x16 RGB samples in [-1, 1] (the same in every run of a test)."""
-    return torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
-
-
-def dreambooth(work_dir, base, **overrides):
-    args = dict(model=base, instance_data=subject_samples(), instance_prompt='a sks dog',
-                optimizer=dict(type='AdamW', lr=1e-2), max_iters=2, work_dir=str(work_dir), seed=0, device='cpu',
-                log_config=dict(interval=1))
-    args.update(overrides)
-    return build_trainer('dreambooth_diffusion', default_args=args)
 
 
 def asymmetric_image(width=24, height=16):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from conftest import train_and_close as train
-from hookloop import ConfigError, build_trainer
+from dreambooth_helpers import dreambooth as dreambooth_trainer
+from hookloop import ConfigError
 
 pytest.importorskip('diffusers')
 
@@ -24,17 +25,8 @@ def base(tmp_path_factory):
     return save_random_pipeline(str(tmp_path_factory.mktemp('sd')), resolution=16)
 
 
-def subject_samples():
-    """Two fixed 16x16 RGB samples in [-1, 1] (the same in every run of a test)."""
-    return torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1
-
-
 def dreambooth(work_dir, base, **overrides):
-    args = dict(model=base, instance_data=subject_samples(), instance_prompt='a sks dog',
-                optimizer=dict(type='AdamW', lr=1e-2), max_iters=3, work_dir=str(work_dir), seed=0, device='cpu',
-                log_config=dict(interval=1))
-    args.update(overrides)
-    return build_trainer('dreambooth_diffusion', default_args=args)
+    return dreambooth_trainer(work_dir, base, max_iters=3, **overrides)
 
 
 def pngs(directory):
