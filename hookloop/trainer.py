@@ -421,12 +421,13 @@ class Trainer:
         except BaseException:
             self._lock.release()
             raise
-        if resume_checkpoint is not None and self._already_complete(resume_checkpoint['meta']):
+        if resume_checkpoint is not None and resume_checkpoint['meta'].get('iter', 0) >= self.max_iters:
             try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
                 self._setup_hooks()
                 self._restore(resume_path, resume_checkpoint)
             finally:
                 self._lock.release()
+            self._say_complete(resume_checkpoint['meta'])
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
@@ -723,15 +724,12 @@ class Trainer:
             return None, None
         return path, check_resumable(path, load_verified(path, map_location=self.device))
 
-    def _already_complete(self, meta):
-        """True (and says so) when the checkpoint to resume from ends the planned run."""
-        if meta.get('iter', 0) < self.max_iters:
-            return False
+    def _say_complete(self, meta):
+        """Log that the checkpoint resumed from already ends the planned run."""
         epochs_done = math.ceil(meta['iter'] / self.iters_per_epoch)  # the last one may end mid-loader
         self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
                          epochs_done, meta['iter'], 'epochs' if self.by_epoch else 'iters',
                          self.max_epochs if self.by_epoch else self.max_iters)
-        return True
 
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
