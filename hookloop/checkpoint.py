@@ -9,7 +9,6 @@ import hashlib
 import io
 import os
 import pickle
-import posixpath
 import shutil
 import random
 import re

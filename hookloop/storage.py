@@ -89,28 +89,26 @@ def makedirs(path):
     fs.makedirs(inner, exist_ok=True)
 
 
-def exists(path):
+def _test(path, local_test, remote_test):
+    """``local_test(path)`` for a local path; for a URL the filesystem's own test, on a fresh
+    listing (another process may have written there since we last listed)."""
     if not is_url(path):
-        return os.path.exists(path)
+        return local_test(path)
     fs, inner = filesystem(path)
-    fs.invalidate_cache(inner)  # another process may have written it since we last listed
-    return fs.exists(inner)
+    fs.invalidate_cache(inner)
+    return getattr(fs, remote_test)(inner)
+
+
+def exists(path):
+    return _test(path, os.path.exists, 'exists')
 
 
 def isfile(path):
-    if not is_url(path):
-        return os.path.isfile(path)
-    fs, inner = filesystem(path)
-    fs.invalidate_cache(inner)
-    return fs.isfile(inner)
+    return _test(path, os.path.isfile, 'isfile')
 
 
 def isdir(path):
-    if not is_url(path):
-        return os.path.isdir(path)
-    fs, inner = filesystem(path)
-    fs.invalidate_cache(inner)
-    return fs.isdir(inner)
+    return _test(path, os.path.isdir, 'isdir')
 
 
 def read_bytes(path):

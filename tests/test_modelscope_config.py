@@ -3,7 +3,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from hookloop import ConfigError, build_trainer
 from hookloop.cli import main

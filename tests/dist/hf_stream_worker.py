@@ -4,7 +4,6 @@ import json
 import os
 import sys
 
-import torch
 from torch import nn
 
 import hookloop
