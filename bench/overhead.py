@@ -15,29 +15,35 @@ Models: ``tiny`` = Linear(32,32)-ReLU-Linear(32,1), batch 32 (overhead-bound); `
 4 x Linear(1024,1024)+ReLU, Linear(1024,1), batch 256 (compute-bound). Same data, initial
 weights and SGD(momentum 0.9); shuffled loader; one torch thread.
 
-The loops run interleaved in rounds (plain, hookloop, plain, ...) so drift in machine speed hits
-both alike; each iteration is stamped at its end; the figure is the median gap, then the median
-over rounds. ``--clock wall`` (default) stamps with ``time.perf_counter``; ``--clock thread``
-with the main thread's CPU time, which stays meaningful on a machine shared with other jobs.
+How it is timed. A shared machine changes speed by tens of percent from one second to the
+next, far more than the difference measured, so the two loops are interleaved finely: the
+hookloop run carries a hook that, every ``--block`` iterations, runs ``--block`` iterations of
+the plain loop (its own model, optimizer and loader) right there. Every iteration of either
+loop is stamped at its end; the gaps right after a switch (cold caches) are dropped, the
+median gap of each loop is taken, and ``framework_us`` is the median over ``--rounds`` runs of
+(hookloop - plain). ``--clock wall`` (default) stamps with ``time.perf_counter``;
+``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
     python bench/overhead.py                                   # default mode, tiny and mlp
-    python bench/overhead.py --models tiny --modes default,accum2,fp16,logging --rounds 7
+    python bench/overhead.py --models tiny --modes default50,accum2_50,tensorboard50 --rounds 5
 """
 import argparse
 import json
 import statistics
 import tempfile
 import time
+import warnings
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hookloop import Hook, Trainer
+from hookloop.hooks.order import HookOrderWarning
 
 MODELS = {
     # name: (build, features, batch, default iterations per round)
-    'tiny': (lambda: nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)), 32, 32, 1000),
+    'tiny': (lambda: nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)), 32, 32, 2000),
     'mlp': (lambda: nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.ReLU())],
                                   nn.Linear(1024, 1)), 1024, 256, 60),
 }
@@ -77,71 +83,104 @@ def make_data(features, batch, iters):
     return TensorDataset(torch.randn(n, features, generator=generator), torch.randn(n, 1, generator=generator))
 
 
-def plain_loop(mode, model, loader, stamps):
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    scaler = torch.amp.GradScaler('cpu') if mode == 'fp16' else None
-    model.train()
-    for i, (x, y) in enumerate(loader):
-        if scaler is not None:
-            with torch.autocast('cpu', dtype=torch.float16):
-                loss = model(x, y)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-        elif PLAIN_MODE.get(mode, mode) == 'accum2':
-            (model(x, y) / 2).backward()
-            if i % 2 == 1:
+class PlainLoop:
+    """The plain loop of ``mode``, run a block of iterations at a time."""
+
+    def __init__(self, mode, model, loader):
+        self.mode, self.model, self.loader = PLAIN_MODE.get(mode, mode), model, loader
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        self.scaler = torch.amp.GradScaler('cpu') if mode == 'fp16' else None
+        self.batches, self.index = iter(loader), 0
+        model.train()
+
+    def next_batch(self):
+        try:
+            return next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def run(self, count, gaps, skip):
+        model, optimizer, scaler = self.model, self.optimizer, self.scaler
+        last = clock()
+        for n in range(count):
+            x, y = self.next_batch()
+            if scaler is not None:
+                with torch.autocast('cpu', dtype=torch.float16):
+                    loss = model(x, y)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            elif self.mode == 'accum2':
+                (model(x, y) / 2).backward()
+                if self.index % 2 == 1:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            else:
+                model(x, y).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-        else:
-            model(x, y).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        stamps.append(clock())
+            self.index += 1
+            now = clock()
+            if n >= skip:
+                gaps.append(now - last)
+            last = now
 
 
-class Stamp(Hook):
-    def __init__(self, stamps):
-        self.stamps = stamps
+class Interleave(Hook):
+    """Stamps hookloop's iterations and runs a block of the plain loop every ``block`` of them."""
+
+    def __init__(self, plain, block, skip):
+        self.plain, self.block, self.skip = plain, block, skip
+        self.hookloop_gaps, self.plain_gaps = [], []
+        self._last, self._since_switch = None, 0
 
     def after_train_iter(self, trainer):
-        self.stamps.append(clock())
+        now = clock()
+        if self._last is not None and self._since_switch >= self.skip:
+            self.hookloop_gaps.append(now - self._last)
+        self._since_switch += 1
+        self._last = now
+        if (trainer.iter + 1) % self.block == 0:
+            self.plain.run(self.block, self.plain_gaps, self.skip)
+            self._last, self._since_switch = clock(), 0
 
 
-def hookloop_loop(mode, model, loader, stamps):
-    trainer = Trainer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                      train_dataloader=loader, max_epochs=1, work_dir=tempfile.mkdtemp(prefix='hookloop-bench-'),
+def one_round(mode, build, initial, data, batch, block, skip):
+    models = []
+    for _ in range(2):
+        model = Loss(build())
+        model.load_state_dict(initial)
+        models.append(model)
+    loader = lambda: DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)  # noqa: E731
+    interleave = Interleave(PlainLoop(mode, models[0], loader()), block, skip)
+    trainer = Trainer(models[1], optimizer=torch.optim.SGD(models[1].parameters(), lr=0.01, momentum=0.9),
+                      train_dataloader=loader(), max_epochs=1, work_dir=tempfile.mkdtemp(prefix='hookloop-bench-'),
                       seed=0, device='cpu', log_level='WARNING', **MODES[mode])
-    trainer.register_hook(Stamp(stamps), priority='LOWEST')
+    with warnings.catch_warnings():  # loggers run after every other hook: the stamp comes before them
+        warnings.simplefilter('ignore', HookOrderWarning)
+        trainer.register_hook(interleave, priority='LOWEST')
     trainer.train()
     trainer.close()
+    return (statistics.median(interleave.plain_gaps) * 1e6, statistics.median(interleave.hookloop_gaps) * 1e6)
 
 
-def median_gap_us(stamps, warmup):
-    gaps = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
-    return statistics.median(gaps) * 1e6
-
-
-def run(model_name, mode, rounds, iters):
+def run(model_name, mode, rounds, iters, block):
     build, features, batch, default_iters = MODELS[model_name]
     iters = iters or default_iters
+    block = min(block, iters)
     data = make_data(features, batch, iters)
     torch.manual_seed(0)
     initial = Loss(build()).state_dict()
-    results = {'plain': [], 'hookloop': []}
-    warmup = max(iters // 10, 2)
-    for _ in range(rounds):
-        for name, loop in (('plain', plain_loop), ('hookloop', hookloop_loop)):
-            model = Loss(build())
-            model.load_state_dict(initial)
-            stamps = []
-            loop(mode, model, DataLoader(data, batch_size=batch, shuffle=True, drop_last=True), stamps)
-            results[name].append(median_gap_us(stamps, warmup))
-    plain_us, hook_us = statistics.median(results['plain']), statistics.median(results['hookloop'])
-    return {'model': model_name, 'mode': mode, 'iters': iters, 'rounds': rounds, 'clock': clock.__name__,
-            'plain_us': round(plain_us, 1), 'hookloop_us': round(hook_us, 1), 'ratio': round(hook_us / plain_us, 4),
-            'framework_us': round(statistics.median(h - p for p, h in zip(results['plain'], results['hookloop'])), 1)}
+    skip = min(2, block - 1)
+    results = [one_round(mode, build, initial, data, batch, block, skip) for _ in range(rounds)]
+    plain_us = statistics.median(p for p, _ in results)
+    hook_us = statistics.median(h for _, h in results)
+    return {'model': model_name, 'mode': mode, 'iters': iters, 'rounds': rounds, 'block': block,
+            'clock': clock.__name__, 'plain_us': round(plain_us, 1), 'hookloop_us': round(hook_us, 1),
+            'ratio': round(hook_us / plain_us, 4),
+            'framework_us': round(statistics.median(h - p for p, h in results), 1)}
 
 
 def main():
@@ -150,7 +189,8 @@ def main():
     parser.add_argument('--models', default='tiny,mlp')
     parser.add_argument('--modes', default='default', help=f'comma-separated, from {", ".join(MODES)}')
     parser.add_argument('--rounds', type=int, default=5)
-    parser.add_argument('--iters', type=int, default=0, help='iterations per round (default: 1000 tiny, 60 mlp)')
+    parser.add_argument('--iters', type=int, default=0, help='iterations per round (default: 2000 tiny, 60 mlp)')
+    parser.add_argument('--block', type=int, default=25, help='iterations of one loop before switching to the other')
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--clock', choices=('wall', 'thread'), default='wall')
     args = parser.parse_args()
@@ -158,7 +198,7 @@ def main():
     clock = time.thread_time if args.clock == 'thread' else time.perf_counter
     for name in args.models.split(','):
         for mode in args.modes.split(','):
-            print(json.dumps(run(name, mode, args.rounds, args.iters)), flush=True)
+            print(json.dumps(run(name, mode, args.rounds, args.iters, args.block)), flush=True)
 
 
 if __name__ == '__main__':

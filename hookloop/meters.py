@@ -8,6 +8,14 @@ initialised, one all-reduce), however many keys and iterations it covers.
 Several loggers with different intervals share one buffer: each remembers a
 :meth:`MeterBuffer.mark` and asks for the summary of the values appended since,
 so each averages over its own interval (MMCV's ``log_buffer.average(interval)``).
+
+A producer of a value at every iteration need not pay a method call per value: it may collect
+them itself and register a *source* (:meth:`MeterBuffer.add_source`), which the buffer calls
+before every read to take them in (:meth:`MeterBuffer.extend`). :meth:`MeterBuffer.bulk_series`
+is the ready-made one (its ``append`` is a C-level ``deque.append``); the trainer's loss and
+``IterTimerHook`` work this way. A hook that wants to see every new summary
+(``FiniteLossGuard``) registers a *listener* (:meth:`MeterBuffer.add_listener`) instead of
+polling at every iteration.
 """
 from collections import deque
 
@@ -34,12 +42,47 @@ class MeterBuffer:
         self._cache = {}
         # The most recent summary (host numbers): hooks may read it without a sync.
         self.last_summary = None
+        self._listeners = []
+        self._sources = []
+        self._bulk = []
+
+    def add_listener(self, listener):
+        """Call ``listener(summary)`` after each new summary is computed (not on cache hits)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener):
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def add_source(self, source):
+        """Call ``source()`` before every read (:meth:`summary`, :meth:`mark`, :meth:`keys`,
+        ``in``), so it can hand over the values it collected since the last read."""
+        self._sources.append(source)
+
+    def remove_source(self, source):
+        if source in self._sources:
+            self._sources.remove(source)
+
+    def _collect(self):
+        for source in self._sources:
+            source()
 
     def reserve(self, n):
         """Keep at least the last ``n`` values of every key (a logger's interval)."""
         if n > self.history:
+            self._collect()
             self.history = n
             self._values = {k: deque(v, maxlen=n) for k, v in self._values.items()}
+            for series in self._bulk:
+                series.resize(n)
+
+    def bulk_series(self, key):
+        """A :class:`BulkSeries` of ``key``: ``series.append(value)`` costs a C call; the values
+        join the buffer on its next read."""
+        series = BulkSeries(self, key)
+        self._bulk.append(series)
+        self.add_source(series.collect)
+        return series
 
     def update(self, key, value):
         """Add one value: a scalar tensor (kept on its device, detached) or a number."""
@@ -57,14 +100,32 @@ class MeterBuffer:
         for key, value in values.items():
             self.update(key, value)
 
+    def extend(self, key, values, count=None):
+        """Add the values a source collected (detached tensors or numbers): the most recent
+        ``values`` of ``count`` (default ``len(values)``) produced since its last hand-over."""
+        values = list(values)
+        count = len(values) if count is None else count
+        if not count:
+            return
+        series = self._values.get(key)
+        if series is None:
+            series = self._values[key] = deque(maxlen=self.history)
+            self._totals[key] = 0
+        series.extend(values)
+        self._totals[key] += count
+        self._version += 1
+
     def __contains__(self, key):
+        self._collect()
         return key in self._values
 
     def keys(self):
+        self._collect()
         return list(self._values)
 
     def clear(self):
         """Forget all values (marks taken before still work: they see nothing new)."""
+        self._collect()
         for values in self._values.values():
             values.clear()
         self._version += 1
@@ -72,6 +133,7 @@ class MeterBuffer:
 
     def mark(self):
         """A position: pass it to :meth:`summary` to average only what comes after it."""
+        self._collect()
         return dict(self._totals)
 
     def summary(self, since=None):
@@ -83,6 +145,7 @@ class MeterBuffer:
         all-reduce, so every rank must call this at the same iterations with the same keys.
         Repeated calls with no update in between reuse the result (no second sync).
         """
+        self._collect()
         since = since or {}
         cache_key = (self._version, tuple(sorted(since.items())))
         if cache_key in self._cache:
@@ -98,6 +161,8 @@ class MeterBuffer:
             result = _average_across_ranks(result)
         self._cache = {cache_key: result}
         self.last_summary = result
+        for listener in list(self._listeners):
+            listener(result)
         return result
 
     @staticmethod
@@ -119,6 +184,27 @@ class MeterBuffer:
 
     def averages(self, since=None):
         return {key: value['avg'] for key, value in self.summary(since).items()}
+
+
+class BulkSeries:
+    """Values of one meter key, appended where they are produced (``append``, a bound
+    ``deque.append``) and handed to the buffer when it is read. The deque keeps the last
+    ``history`` values: more between two reads could not be averaged by any reader anyway
+    (a logger reserves its interval), so the dropped ones are not counted either."""
+
+    def __init__(self, meters, key):
+        self._meters, self.key = meters, key
+        self.resize(meters.history)
+
+    def resize(self, history):
+        kept = getattr(self, '_values', ())
+        self._values = deque(kept, maxlen=history)
+        self.append = self._values.append
+
+    def collect(self):
+        if self._values:
+            self._meters.extend(self.key, self._values)
+            self._values.clear()
 
 
 def _average_across_ranks(result):

@@ -11,28 +11,54 @@ talk to each other. Each field has one writer and documented readers:
 * ``skip_reason`` (``str`` or ``None``): written by any hook through :meth:`StepState.skip`
   in ``after_train_iter`` (``CheckInvalidLossHook``); read by the optimizer hook, which then
   neither back-propagates nor steps at the end of the window.
-* ``window`` (``(start, size)`` in ``inner_iter`` units): the accumulation window of this
-  iteration, written by the optimizer hook in ``before_train_iter``; read-only for others.
+* ``data_seconds`` (``float``): the seconds this trainer's training loop has waited for
+  batches (fetch and move to the device), written by the trainer; ``IterTimerHook``
+  turns it into ``data_time``.
+* ``accumulation`` (``int``): the iterations the optimizer hook accumulates gradients over,
+  written at its set-up; ``window`` (``(start, size)`` in ``inner_iter`` units) is the
+  accumulation window of the current iteration, derived from it and the position
+  (:func:`accumulation_window`); read-only for others.
 
-The trainer clears ``skip_reason`` before every iteration (:meth:`StepState.begin`), so a
-decision never leaks into the next iteration, whichever hook made it.
+The trainer clears ``skip_reason`` after an iteration that set it and at every epoch's start
+(:meth:`StepState.begin`), so a decision never leaks into the next iteration, whichever hook
+made it.
 """
 import contextlib
 
 
+def accumulation_window(inner_iter, epoch_length, cumulative_iters):
+    """``(start, size)`` of the window holding the 0-based ``inner_iter`` of an epoch of
+    ``epoch_length`` iterations: windows of ``cumulative_iters`` from iteration 0, the last
+    one cut short by the end of the epoch."""
+    start = inner_iter - inner_iter % cumulative_iters
+    return start, min(cumulative_iters, epoch_length - start)
+
+
 class StepState:
-    """The state of the training iteration being run (see the module docstring)."""
+    """The state of the training iteration being run (see the module docstring).
 
-    __slots__ = ('forward_context', 'val_forward_context', 'skip_reason', 'window')
+    ``position`` is the trainer's :class:`~hookloop.position.Position`, ``epoch_length`` a
+    zero-argument callable giving the current epoch's length (for :attr:`window`).
+    """
 
-    def __init__(self):
+    __slots__ = ('forward_context', 'val_forward_context', 'skip_reason', 'data_seconds', 'accumulation',
+                 '_position', '_epoch_length')
+
+    def __init__(self, position, epoch_length):
         self.forward_context = contextlib.nullcontext
         self.val_forward_context = contextlib.nullcontext
         self.skip_reason = None
-        self.window = (0, 1)
+        self.data_seconds = 0.0
+        self.accumulation = 1
+        self._position, self._epoch_length = position, epoch_length
+
+    @property
+    def window(self):
+        """``(start, size)`` of the current iteration's accumulation window."""
+        return accumulation_window(self._position.inner_iter, self._epoch_length(), self.accumulation)
 
     def begin(self):
-        """Called by the trainer before ``before_train_iter``: a fresh decision each iteration."""
+        """Forget the skip decision (the trainer calls it; see the module docstring)."""
         self.skip_reason = None
 
     def skip(self, reason):
@@ -45,4 +71,4 @@ class StepState:
         return self.skip_reason is not None
 
 
-__all__ = ['StepState']
+__all__ = ['StepState', 'accumulation_window']

@@ -4,6 +4,7 @@ Everything optional — stepping the optimizer, schedules, checkpoints, logging 
 is a hook. The loop only fetches batches, runs the model step and calls the
 hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
 """
+import contextlib
 import importlib
 import math
 import os
@@ -27,7 +28,8 @@ from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hook_list import HookList
-from .hooks.base import SETUP_STAGE, STAGES
+from .iteration_calls import IterationStage
+from .hooks.base import ITERATION_STAGES, SETUP_STAGE, STAGES
 from .hooks.order import role_of
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
@@ -208,16 +210,17 @@ class Trainer:
         self._init_progress()
 
         self.position = Position()  # the counters; what a checkpoint's meta stores
-        self.step = StepState()  # what hooks tell each other about the current iteration
+        self.step = StepState(self.position, lambda: self.epoch_length)  # what hooks tell each other about the step
         self.mode = 'train'
         self.outputs = self.val_outputs = self.data_batch = None
         self.metrics = {}  # the latest validation results (written by val() only)
         self.meters = MeterBuffer()
+        self._losses = self.meters.bulk_series('loss')  # the step's scalar loss: one C call per iteration
         self.exception = None
         self.stop_reason = None
 
         self._hook_list = HookList()
-        self._dispatch = None
+        self._dispatch = self._iteration_stages = None
         self._set_up = set()  # ids of the hooks whose setup() ran
         self._running = False
         self._lock = WorkDirLock(self.work_dir)  # the local work dir (for a URL run: its local mirror)
@@ -359,6 +362,8 @@ class Trainer:
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
                               for stage, hooks in table.items()}
+            self._iteration_stages = {stage: IterationStage(stage, table[stage], self._dispatch[stage], self._call_each)
+                                      for stage in ITERATION_STAGES}
         return self._hook_list.stage_table()
 
     def _setup_hooks(self):
@@ -405,6 +410,14 @@ class Trainer:
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
+
+    def wake(self, hook):
+        """Call ``hook`` at its training-iteration stages at the latest in the next iteration,
+        whatever its :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such
+        as a new meter summary). No effect outside ``train()`` or on hooks called every iteration."""
+        if self._iteration_stages is not None:
+            for stage in self._iteration_stages.values():
+                stage.wake(hook, self.position.iter)
 
     # -- training --------------------------------------------------------------------------
     def train(self):
@@ -527,25 +540,41 @@ class Trainer:
         self.mode = 'train'
         self.wrapped_model.train()
         self.call_hook('before_train_epoch')
-        before_iter, after_iter = self._dispatch['before_train_iter'], self._dispatch['after_train_iter']
-        position, step, length = self.position, self.step, self.epoch_length
-        while self.inner_iter < length and self.stop_reason is None:
+        before, after = self._iteration_stages['before_train_iter'], self._iteration_stages['after_train_iter']
+        before.plan(self)
+        after.plan(self)
+        position, step, length, call_each = self.position, self.step, self.epoch_length, self._call_each
+        clock = time.perf_counter
+        step.begin()
+        # The per-iteration path: every line here runs once per step, so it stays flat (the
+        # stages' scheduling is inlined: one comparison when no scheduled hook is due).
+        while position.inner_iter < length and self.stop_reason is None:
+            waited = clock()
             try:
                 batch = stream.next_batch()
             except Exception as exc:
-                say_where(exc, f'loading batch {self.inner_iter} of epoch {self.epoch + 1} from train_dataloader')
+                say_where(exc, f'loading batch {position.inner_iter} of epoch {position.epoch + 1} from train_dataloader')
                 raise
-            self.data_batch = batch = self.to_device(batch)
-            step.begin()
-            self._call_each(before_iter, 'before_train_iter')
+            if not self._batches_stay:
+                batch = move_to_device(batch, self.device)
+            self.data_batch = batch
+            step.data_seconds += clock() - waited
+            if position.iter < before.next_due:
+                call_each(before.every, 'before_train_iter')
+            else:
+                before.walk(self)
             self.outputs = self.train_step(batch)
             position.end_iteration()
-            self._call_each(after_iter, 'after_train_iter')
+            if position.iter < after.next_due:
+                call_each(after.every, 'after_train_iter')
+            else:
+                after.walk(self)
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
+                step.begin()
             position.next_iteration()
         stream.end_epoch()  # a per-epoch pass shuts its workers down before the epoch-end hooks
-        if self.inner_iter < length:
+        if position.inner_iter < length:
             return  # stopped early: the epoch is not over
         position.end_epoch()
         self.call_hook('after_train_epoch')
@@ -558,21 +587,35 @@ class Trainer:
 
     def train_step(self, batch):
         """The forward pass and the loss; backward and step belong to the optimizer hook."""
-        with self.step.forward_context():
-            try:
-                if self._model_train_step:
-                    outputs, logged = mmcv_train_step(self.model, batch, self.optimizer)
-                    self.meters.update_dict(logged)
-                    return outputs
-                outputs = call_model(self.wrapped_model, batch)
-                if self.loss_fn is not None:
-                    outputs = self.loss_fn(outputs, batch)
-            except Exception as exc:
-                say_where(exc, f'the model step (forward and loss_fn) at iteration {self.iter}')
-                raise
+        context = self.step.forward_context
+        try:
+            if context is contextlib.nullcontext:  # no autocast, no no_sync: skip a context per step
+                outputs = self._forward(batch)
+            else:
+                with context():
+                    outputs = self._forward(batch)
+        except Exception as exc:
+            say_where(exc, f'the model step (forward and loss_fn) at iteration {self.iter}')
+            raise
+        if self._model_train_step:
+            outputs, logged = outputs
+            self.meters.update_dict(logged)
+            return outputs
+        if type(outputs) is torch.Tensor and not outputs.dim():  # the common case: a scalar loss
+            self._losses.append(outputs.detach())
+            return {'loss': outputs}
         outputs, terms = sum_loss_terms(as_outputs(outputs))
         check_losses(outputs, self.iter)
+        self._losses.collect()  # keep the order of 'loss' values
         self.meters.update_dict(terms)
+        return outputs
+
+    def _forward(self, batch):
+        if self._model_train_step:
+            return mmcv_train_step(self.model, batch, self.optimizer)
+        outputs = call_model(self.wrapped_model, batch)
+        if self.loss_fn is not None:
+            outputs = self.loss_fn(outputs, batch)
         return outputs
 
     def _set_loader_epoch(self, loader, epoch, start_batch=0):

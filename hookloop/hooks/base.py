@@ -1,10 +1,14 @@
 """The Hook base class: named stages, each a no-op, and the interval helpers.
 
 A hook overrides the stages it needs. The trainer calls a hook only at the stages
-its class overrides (see :func:`overrides`), so an unused stage costs nothing. MMCV's generic stages (``before_epoch``, ``after_iter``, ...) are
-supported: a hook that defines only ``after_iter`` is called after train *and*
-val iterations.
+its class overrides (see :func:`overrides`), so an unused stage costs nothing. At the two
+training-iteration stages a hook may also say at which iterations it has work
+(:meth:`Hook.next_call`), so a hook that logs every 50 iterations costs nothing at the
+other 49. MMCV's generic stages (``before_epoch``, ``after_iter``, ...) are supported: a
+hook that defines only ``after_iter`` is called after train *and* val iterations.
 """
+import math
+
 from ..priority import Priority
 
 # The stages in the order a run meets them; checkpoint stages take the checkpoint dict.
@@ -15,6 +19,10 @@ TRAIN_STAGES = ('before_run', 'before_train_epoch', 'before_train_iter', 'after_
 VAL_STAGES = ('before_val_epoch', 'before_val_iter', 'after_val_iter', 'after_val_epoch')
 CHECKPOINT_STAGES = ('before_save_checkpoint', 'after_load_checkpoint')
 STAGES = (SETUP_STAGE,) + TRAIN_STAGES[:4] + VAL_STAGES + TRAIN_STAGES[4:] + CHECKPOINT_STAGES
+
+# The stages Hook.next_call schedules, and its answer for "not again in this epoch".
+ITERATION_STAGES = ('before_train_iter', 'after_train_iter')
+NEVER = math.inf
 
 # Specific stage -> the generic MMCV stage it falls back to.
 GENERIC_STAGE = {
@@ -108,6 +116,41 @@ class Hook:
 
     def after_load_checkpoint(self, trainer, checkpoint):
         """Called with the loaded checkpoint dict after the trainer restored its state."""
+
+    # -- when the iteration stages have work -------------------------------------------------
+    def next_call(self, trainer, stage, start):
+        """The first iteration (in ``trainer.iter`` units) at or after ``start`` at which this
+        hook's ``stage`` (``'before_train_iter'`` or ``'after_train_iter'``) must be called;
+        ``NEVER`` for none in the current epoch; None (the default) for every iteration.
+
+        The trainer asks at the start of every epoch (``start``: its first iteration to run)
+        and right after each call of the stage (``start``: the next iteration). The answer
+        must not skip an iteration at which the stage would do something; work that depends
+        on an event instead of the counters asks for a call with ``trainer.wake(self)``.
+        Helpers: :meth:`next_every_n_iters`, :meth:`next_every_n_inner_iters`,
+        :meth:`epoch_end_iter`.
+        """
+        return None
+
+    @staticmethod
+    def next_every_n_iters(start, n):
+        """The first iteration at or after ``start`` that completes a multiple of ``n``
+        global iterations (where :meth:`every_n_iters` is true)."""
+        return start + (-(start + 1)) % n
+
+    @staticmethod
+    def next_every_n_inner_iters(trainer, start, n):
+        """The first iteration at or after ``start`` that completes a multiple of ``n``
+        iterations of the current epoch (:meth:`every_n_inner_iters`); ``NEVER`` when that
+        is past the epoch's end."""
+        first = trainer.iter - trainer.inner_iter  # the epoch's first iteration
+        found = first + Hook.next_every_n_iters(max(start - first, 0), n)
+        return found if found <= Hook.epoch_end_iter(trainer) else NEVER
+
+    @staticmethod
+    def epoch_end_iter(trainer):
+        """The current epoch's last iteration (where :meth:`end_of_epoch` is true)."""
+        return trainer.iter - trainer.inner_iter + trainer.epoch_length - 1
 
     # -- identity ------------------------------------------------------------------------
     @property

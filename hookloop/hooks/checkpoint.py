@@ -7,7 +7,7 @@ from ..checkpoint import inside, read_pointer, remove_checkpoint, remove_stale_t
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from .base import NEVER, Hook
 
 
 def _is_int(value):
@@ -107,6 +107,15 @@ class CheckpointHook(Hook):
         if self.by_epoch and (self.every_n_epochs(trainer, self.interval) or
                               (self.save_last and self.is_last_epoch(trainer))):
             self._save(trainer, name)
+
+    def next_call(self, trainer, stage, start):
+        if self.best is not None:
+            return None  # a validation may have run in any iteration
+        if self.by_epoch:
+            return NEVER
+        due = self.next_every_n_iters(start, self.interval) if self.interval > 0 else NEVER
+        last = trainer.max_iters - 1
+        return min(due, last) if self.save_last and start <= last else due
 
     def after_train_iter(self, trainer):
         if self.by_epoch and self.best is None:  # the common case: nothing to do per iteration

@@ -4,7 +4,7 @@ import torch
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from .base import NEVER, Hook
 
 
 def ema_momentum(momentum, warm_up, step):
@@ -97,6 +97,9 @@ class EMAHook(Hook):
     def _restart_from_weights(self):
         for average, parameter in zip(*self._pairs):
             average.copy_(parameter)
+
+    def next_call(self, trainer, stage, start):
+        return start + (-start) % self.interval  # the next multiple of interval
 
     def after_train_iter(self, trainer):
         step = trainer.iter

@@ -3,7 +3,7 @@ from ..best_checkpoint import BestCheckpoint
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from .base import NEVER, Hook
 
 
 @HOOKS.register_module()
@@ -58,6 +58,15 @@ class EvaluationHook(Hook):
         if self.by_epoch and self._due(trainer.epoch + 1, self.is_last_epoch(trainer)):
             trainer.val()
             self._keep_best(trainer, f'epoch_{trainer.epoch + 1}.pth')
+
+    def next_call(self, trainer, stage, start):
+        if self.by_epoch:
+            return NEVER
+        offset = self.start or 0
+        completed = max(start + 1, offset)  # the first count _due may accept
+        due = completed + (offset - completed) % self.interval - 1
+        last = trainer.max_iters - 1
+        return min(due, last) if start <= last and last + 1 >= offset else due
 
     def after_train_iter(self, trainer):
         if not self.by_epoch and self._due(trainer.iter + 1, self.is_last_iter(trainer)):

@@ -9,7 +9,8 @@ It looks only at numbers that are on the host already or about to be synced anyw
   loss has reached, and ``last_checkpoint`` keeps naming the last good one;
 * after the last iteration.
 
-So it costs no host sync on other iterations. A registered ``CheckInvalidLossHook`` (same
+So it costs no host sync on other iterations, and is not even called there: a new summary
+wakes it (``MeterBuffer.add_listener``, ``Trainer.wake``). A registered ``CheckInvalidLossHook`` (same
 role, per-step policies ``raise``/``skip``/``rollback``) replaces it.
 """
 import math
@@ -17,7 +18,7 @@ import math
 from ..errors import InvalidLossError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from .base import NEVER, Hook
 
 
 def non_finite_losses(summary):
@@ -45,6 +46,15 @@ class FiniteLossGuard(Hook):
     def before_run(self, trainer):
         self._mark = trainer.meters.mark()
         self._checked = getattr(trainer.meters, 'last_summary', None)
+        self._wake = lambda summary: trainer.wake(self)  # a new summary: look at it next iteration
+        trainer.meters.add_listener(self._wake)
+
+    def after_run(self, trainer):
+        trainer.meters.remove_listener(self._wake)
+
+    def next_call(self, trainer, stage, start):
+        last = trainer.max_iters - 1
+        return last if start <= last else NEVER
 
     def after_train_iter(self, trainer):
         summary = getattr(trainer.meters, 'last_summary', None)

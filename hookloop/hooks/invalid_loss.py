@@ -28,7 +28,7 @@ import torch
 from ..errors import ConfigError, InvalidLossError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from .base import NEVER, Hook
 
 POLICIES = ('raise', 'skip', 'rollback')
 
@@ -67,6 +67,11 @@ class CheckInvalidLossHook(Hook):
             raise ConfigError(f'CheckInvalidLossHook loss_keys {missing} are not in the model outputs '
                               f'{list(outputs.keys())}')
         return {k: outputs[k] for k in self.loss_keys}
+
+    def next_call(self, trainer, stage, start):
+        if stage == 'before_train_iter':
+            return None if self.on_invalid == 'rollback' else NEVER
+        return self.next_every_n_iters(start, self.interval) if self.on_invalid == 'raise' else None
 
     def before_train_iter(self, trainer):
         if self.on_invalid == 'rollback' and (self._good is None or trainer.iter % self.interval == 0):

@@ -16,8 +16,10 @@ A hook that wants this iteration's update dropped (``CheckInvalidLossHook``) cal
 belongs to ends without a step (gradients of the window are discarded), like a ``GradScaler``
 step with inf/NaN gradients. The trainer clears the decision before every iteration.
 
-What this hook publishes (``hookloop/step.py``): ``trainer.step.forward_context`` and
-``trainer.step.window`` each iteration, ``trainer.step.val_forward_context`` at set-up.
+What this hook publishes (``hookloop/step.py``): ``trainer.step.accumulation`` (hence
+``trainer.step.window``) and ``trainer.step.val_forward_context`` at set-up,
+``trainer.step.forward_context`` at set-up or, when it changes along a window (DDP's
+``no_sync``), at each ``before_train_iter``; otherwise that stage is never called.
 Set-up (the GradScaler, autocast, zeroed gradients) happens once per trainer, so a second
 ``train()`` after a stop keeps the scaler and a half-done accumulation window.
 """
@@ -32,7 +34,8 @@ from ..amp import autocast_factory, build_grad_scaler, check_loss_scale, check_p
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from ..step import accumulation_window
+from .base import NEVER, Hook
 
 
 def total_loss(outputs, loss_keys):
@@ -48,15 +51,7 @@ def total_loss(outputs, loss_keys):
     return loss
 
 
-# -- pure functions: the accumulation window and the argument checks ----------------------------
-def accumulation_window(inner_iter, epoch_length, cumulative_iters):
-    """``(start, size)`` of the window holding the 0-based ``inner_iter`` of an epoch of
-    ``epoch_length`` iterations: windows of ``cumulative_iters`` from iteration 0, the last
-    one cut short by the end of the epoch."""
-    start = inner_iter - inner_iter % cumulative_iters
-    return start, min(cumulative_iters, epoch_length - start)
-
-
+# -- pure functions: the window end and the argument checks ---------------------------------------
 def is_window_end(inner_iter, epoch_length, cumulative_iters):
     """True at the iteration whose backward completes a window (the optimizer steps there)."""
     start, size = accumulation_window(inner_iter, epoch_length, cumulative_iters)
@@ -116,9 +111,11 @@ class OptimizerProcessor:
 
     The API a replacement implements: ``initialize_optimizer(trainer)`` (the hook's
     ``setup``, once per trainer), ``before_forward(trainer, cumulative_iters)``
-    (before_train_iter; sets ``trainer.step.forward_context`` and ``trainer.step.window``),
+    (before_train_iter; sets ``trainer.step.forward_context``),
     ``backward(trainer, loss_keys, cumulative_iters, grad_clip)`` (after_train_iter; must
-    honour ``trainer.step.skipped``), and optionally ``state_dict()``/``load_state_dict()``.
+    honour ``trainer.step.skipped``), and optionally ``state_dict()``/``load_state_dict()``
+    and ``next_call(trainer, stage, start)`` (see :meth:`hookloop.Hook.next_call`; without
+    it both stages run at every iteration).
 
     Args:
         precision: None/'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast).
@@ -156,6 +153,7 @@ class OptimizerProcessor:
         if autocast is not None:
             trainer.step.val_forward_context = autocast
         self._contexts = self._forward_contexts(trainer.wrapped_model, autocast)
+        trainer.step.forward_context = self._contexts[True]  # for good, unless it varies along a window
         self._ddp = isinstance(trainer.wrapped_model, torch.nn.parallel.DistributedDataParallel) and \
             torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -192,33 +190,48 @@ class OptimizerProcessor:
         return {True: at_end, False: inside_window}
 
     # -- the step --------------------------------------------------------------------------
+    def next_call(self, trainer, stage, start, cumulative_iters=1):
+        """``before_forward`` only matters where the forward context changes along a window."""
+        if stage == 'before_train_iter' and (cumulative_iters == 1 or self._contexts[True] is self._contexts[False]):
+            return NEVER
+        return None
+
     def before_forward(self, trainer, cumulative_iters=1):
-        step = trainer.step
-        step.window = start, size = accumulation_window(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
-        step.forward_context = self._contexts[trainer.inner_iter == start + size - 1]
+        start, size = accumulation_window(trainer.inner_iter, trainer.epoch_length, cumulative_iters)
+        trainer.step.forward_context = self._contexts[trainer.inner_iter == start + size - 1]
 
     def backward(self, trainer, loss_keys, cumulative_iters, grad_clip):
-        start, size = trainer.step.window
+        if cumulative_iters == 1:
+            size, window_end = 1, True
+        else:
+            start, size = trainer.step.window
+            window_end = trainer.position.inner_iter == start + size - 1
         if trainer.step.skip_reason is not None:
             self._skip_window = True
         if not self._skip_window:
-            loss = total_loss(trainer.outputs, loss_keys)
+            loss = trainer.outputs.get(loss_keys[0]) if len(loss_keys) == 1 else None
+            if loss is None:
+                loss = total_loss(trainer.outputs, loss_keys)  # several keys, or a clear error
             if size > 1:
                 loss = loss / size
             if self.scaler is not None:
                 loss = self.scaler.scale(loss)
             loss.backward()
-        if trainer.inner_iter != start + size - 1:
+        if not window_end:
             return
         if self._skip_window:  # drop the whole window, never half a step
             self._skip_window = False
         else:
             if self.detect_anomalous_params:
                 self._report_unused_params()
-            self._step(trainer, grad_clip)
+            if grad_clip is None and self.scaler is None:
+                self.optimizer.step()
+            else:
+                self._step(trainer, grad_clip)
         self.optimizer.zero_grad(set_to_none=True)
 
     def _step(self, trainer, grad_clip):
+        """The step with clipping or a GradScaler (the plain step is made in :meth:`backward`)."""
         optimizer, scaler = self.optimizer, self.scaler
         if grad_clip is not None:
             if scaler is not None:
@@ -349,7 +362,12 @@ class OptimizerHook(Hook):
         self.processor = processor
 
     def setup(self, trainer):
+        trainer.step.accumulation = self.cumulative_iters
         self.processor.initialize_optimizer(trainer)
+
+    def next_call(self, trainer, stage, start):
+        ask = getattr(self.processor, 'next_call', None)
+        return ask(trainer, stage, start, self.cumulative_iters) if ask is not None else None
 
     def before_train_iter(self, trainer):
         self.processor.before_forward(trainer, self.cumulative_iters)

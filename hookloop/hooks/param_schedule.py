@@ -18,7 +18,7 @@ import numbers
 from ..errors import ConfigError
 from .. import schedules
 from ..schedules import WARMUP_KINDS
-from .base import Hook
+from .base import NEVER, Hook
 
 
 def check_number(owner, name, value, low=None, high=None, low_open=False, high_open=False, integer=False):
@@ -212,6 +212,11 @@ class ParamScheduleHook(Hook):
             return
         self.regular_values = self.regular(trainer)
         self.write(trainer.optimizer.param_groups, self.regular_values)
+
+    def next_call(self, trainer, stage, start):
+        if not self.by_epoch:
+            return None
+        return start if self.warmup is not None and start <= self.warmup_total else NEVER
 
     def before_train_iter(self, trainer):
         cur_iter = trainer.iter

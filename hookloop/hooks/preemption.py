@@ -6,7 +6,7 @@ import threading
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .base import Hook
+from .base import NEVER, Hook
 
 _SIGNALS = {'SIGTERM': signal.SIGTERM, 'SIGINT': signal.SIGINT}
 if hasattr(signal, 'SIGUSR1'):
@@ -86,6 +86,9 @@ class PreemptionHook(Hook):
     def _stop(self, trainer, reason):
         self.stopping = True
         trainer.request_stop(reason)
+
+    def next_call(self, trainer, stage, start):
+        return NEVER if self._group is None else None  # one process: the signal handler stops the run
 
     def after_train_iter(self, trainer):
         if self._group is None:

@@ -8,8 +8,14 @@ from .base import Hook
 
 @HOOKS.register_module()
 class IterTimerHook(Hook):
-    """Records ``data_time`` (waiting for the batch) and ``time`` (the whole iteration)
-    in the meters, as host floats: no device sync.
+    """Records ``time`` (seconds per training iteration) and ``data_time`` (of which waiting
+    for the batch, from ``trainer.step.data_seconds``) in the meters, as host floats: no
+    device sync, and no call at each iteration.
+
+    The meters ask for the values when they are read (a meter source, see
+    :mod:`hookloop.meters`): each iteration since the previous read gets the mean of that
+    stretch, so a logger's average over its interval is exact; ``latest`` is the mean of the
+    last stretch.
 
     Only training is timed: a validation run inside training (per-iteration evaluation)
     is left out of ``time`` and ``data_time``, and so out of the logged ETA, wherever the
@@ -20,23 +26,55 @@ class IterTimerHook(Hook):
     ROLE = 'timer'
 
     def __init__(self):
-        self._start = self._val_start = None
+        self._trainer = self._start = self._val_start = None
+        self._done = 0          # training iterations completed at the last hand-over
+        self._data = 0.0        # trainer.step.data_seconds then
+        self._paused = 0.0      # validation seconds since then
+
+    def before_run(self, trainer):
+        self._trainer = trainer
+        trainer.meters.add_source(self._hand_over)
 
     def before_train_epoch(self, trainer):
-        self._start = time.perf_counter()
-
-    def before_train_iter(self, trainer):
-        trainer.meters.update('data_time', time.perf_counter() - self._start)
-
-    def after_train_iter(self, trainer):
-        now = time.perf_counter()
-        trainer.meters.update('time', now - self._start)
-        self._start = now
+        self._hand_over()  # the previous epoch's tail, before a logger marks the new epoch
+        self._restart(time.perf_counter())
 
     def before_val_epoch(self, trainer):
         self._val_start = time.perf_counter()
 
     def after_val_epoch(self, trainer):
-        if self._start is not None and self._val_start is not None:  # the clock pauses for validation
-            self._start += time.perf_counter() - self._val_start
+        if self._val_start is not None:  # the clock pauses for validation
+            self._paused += time.perf_counter() - self._val_start
         self._val_start = None
+
+    def after_run(self, trainer):
+        self._hand_over()
+        trainer.meters.remove_source(self._hand_over)
+        self._start = None
+
+    def _restart(self, now):
+        trainer = self._trainer
+        self._start, self._done, self._data, self._paused = now, _completed(trainer), trainer.step.data_seconds, 0.0
+
+    def _hand_over(self):
+        """Give the meters one ``time`` and ``data_time`` per iteration completed since the last call."""
+        if self._start is None:
+            return
+        trainer = self._trainer
+        count = _completed(trainer) - self._done
+        if count <= 0:
+            return
+        now = time.perf_counter()
+        paused = self._paused
+        if self._val_start is not None:  # read during a validation: count it up to now, go on from now
+            paused += now - self._val_start
+            self._val_start = now
+        kept = min(count, trainer.meters.history)
+        trainer.meters.extend('data_time', [(trainer.step.data_seconds - self._data) / count] * kept, count)
+        trainer.meters.extend('time', [(now - self._start - paused) / count] * kept, count)
+        self._restart(now)
+
+
+def _completed(trainer):
+    """Training iterations completed, also while ``after_train_iter`` runs."""
+    return trainer.position.resume_point()[1]

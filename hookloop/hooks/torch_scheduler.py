@@ -11,7 +11,7 @@ import torch
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS, check_call_arguments, closest_names
-from .base import Hook
+from .base import NEVER, Hook
 
 
 def _scheduler_classes():
@@ -91,6 +91,9 @@ class TorchSchedulerHook(Hook):
     def before_train_epoch(self, trainer):
         if self.by_epoch:
             self._catch_up(trainer.epoch)
+
+    def next_call(self, trainer, stage, start):
+        return None if not self.by_epoch else NEVER
 
     def before_train_iter(self, trainer):
         if not self.by_epoch:

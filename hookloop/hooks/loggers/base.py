@@ -114,6 +114,14 @@ class LoggerHook(Hook):
         if self.by_epoch and trainer.inner_iter == 0:  # a new epoch, not a run continuing one
             self._mark = trainer.meters.mark()
 
+    def next_call(self, trainer, stage, start):
+        if self.by_epoch:
+            due = self.next_every_n_inner_iters(trainer, start, self.interval)
+        else:
+            due = self.next_every_n_iters(start, self.interval)
+        end = self.epoch_end_iter(trainer)
+        return min(due, end) if not self.ignore_last and start <= end else due
+
     def after_train_iter(self, trainer):
         if self.should_log(trainer):
             summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
@@ -131,8 +139,8 @@ class LoggerHook(Hook):
         _, completed, _ = trainer.position.resume_point()  # right also when run inside after_train_iter
         record = {'mode': 'val', 'epoch': trainer.epoch + 1, 'iter': completed}
         record.update({k: _number(v) for k, v in trainer.metrics.items()})
-        if trainer.position.in_train_iteration:  # MMCV order: this iteration's train record first
-            self._pending.append(record)
+        if trainer.position.in_train_iteration and self.should_log(trainer):
+            self._pending.append(record)  # MMCV order: this iteration's train record first
         else:
             self.log(trainer, record)
 
