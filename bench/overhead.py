@@ -18,10 +18,12 @@ weights and SGD(momentum 0.9); shuffled loader; one torch thread.
 How it is timed. A shared machine changes speed by tens of percent from one second to the
 next, far more than the difference measured, so the two loops are interleaved finely: the
 hookloop run carries a hook that, every ``--block`` iterations, runs ``--block`` iterations of
-the plain loop (its own model, optimizer and loader) right there. Every iteration of either
-loop is stamped at its end; the gaps right after a switch (cold caches) are dropped, the
-median gap of each loop is taken, and ``framework_us`` is the median over ``--rounds`` runs of
-(hookloop - plain). ``--clock wall`` (default) stamps with ``time.perf_counter``;
+the plain loop (its own model, optimizer and loader) right there; it is called only then
+(``next_call``). Each iteration of either loop is stamped as its forward starts, by the model
+both loops share, so hookloop carries no timing hook. The gaps right after a switch (cold
+caches) are dropped; ``framework_us`` is the median over ``--rounds`` runs of (median hookloop
+gap - median plain gap), ``framework_mean_us`` the same with mean gaps, which include the log
+events' and checkpoints' share. ``--clock wall`` (default) stamps with ``time.perf_counter``;
 ``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
     python bench/overhead.py                                   # default mode, tiny and mlp
@@ -65,15 +67,24 @@ MODES = {
                           checkpoint_config=dict(interval=1)),
 }
 PLAIN_MODE = {'accum2_50': 'accum2'}  # the plain loop each hookloop mode is compared with (default: its math)
+# Iterations timed together: with accumulation every other iteration steps, so single gaps
+# fall in two clusters and their median says little; a window's gap (divided by its size) does.
+PERIOD = {'accum2': 2, 'accum2_50': 2}
 clock = time.perf_counter
 
 
 class Loss(nn.Module):
+    """The model of both loops; each forward is stamped (when ``stamps`` is a list), so both
+    loops are timed at the same point by the same code."""
+
     def __init__(self, net):
         super().__init__()
         self.net = net
+        self.stamps = None
 
     def forward(self, x, y):
+        if self.stamps is not None:
+            self.stamps.append(clock())
         return nn.functional.mse_loss(self.net(x), y)
 
 
@@ -100,51 +111,64 @@ class PlainLoop:
             self.batches = iter(self.loader)
             return next(self.batches)
 
-    def run(self, count, gaps, skip):
-        model, optimizer, scaler = self.model, self.optimizer, self.scaler
-        last = clock()
-        for n in range(count):
-            x, y = self.next_batch()
-            if scaler is not None:
+    def run(self, count):
+        """``count`` iterations, each loop written out as a user would (no mode checks inside)."""
+        model, optimizer, scaler, next_batch = self.model, self.optimizer, self.scaler, self.next_batch
+        model.stamps.append(None)  # a switch: the gaps right after it are dropped
+        if scaler is not None:
+            for _ in range(count):
+                x, y = next_batch()
                 with torch.autocast('cpu', dtype=torch.float16):
                     loss = model(x, y)
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
-            elif self.mode == 'accum2':
+        elif self.mode == 'accum2':
+            for index in range(self.index, self.index + count):
+                x, y = next_batch()
                 (model(x, y) / 2).backward()
-                if self.index % 2 == 1:
+                if index % 2 == 1:
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
-            else:
+        else:
+            for _ in range(count):
+                x, y = next_batch()
                 model(x, y).backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-            self.index += 1
-            now = clock()
-            if n >= skip:
-                gaps.append(now - last)
-            last = now
+        self.index += count
+        next_batch()  # what the last gap of the block spans in hookloop too: the next fetch
+        model.stamps.append(clock())
 
 
 class Interleave(Hook):
-    """Stamps hookloop's iterations and runs a block of the plain loop every ``block`` of them."""
+    """Every ``block`` iterations, runs ``block`` iterations of the plain loop; called only
+    then (``next_call``), so it adds nothing to hookloop's other iterations."""
 
-    def __init__(self, plain, block, skip):
-        self.plain, self.block, self.skip = plain, block, skip
-        self.hookloop_gaps, self.plain_gaps = [], []
-        self._last, self._since_switch = None, 0
+    def __init__(self, plain, model, block):
+        self.plain, self.model, self.block = plain, model, block
+
+    def next_call(self, trainer, stage, start):
+        return self.next_every_n_iters(start, self.block)
 
     def after_train_iter(self, trainer):
-        now = clock()
-        if self._last is not None and self._since_switch >= self.skip:
-            self.hookloop_gaps.append(now - self._last)
-        self._since_switch += 1
-        self._last = now
-        if (trainer.iter + 1) % self.block == 0:
-            self.plain.run(self.block, self.plain_gaps, self.skip)
-            self._last, self._since_switch = clock(), 0
+        self.plain.run(self.block)
+        self.model.stamps.append(None)
+
+
+def gaps_us(stamps, skip, period=1):
+    """Per-iteration gaps over ``period`` consecutive iterations, leaving out the first ``skip``
+    after each switch (None)."""
+    gaps, run = [], []
+    for stamp in stamps:
+        if stamp is None:
+            run = []
+            continue
+        run.append(stamp)
+        if len(run) > skip + period:
+            gaps.append((run[-1] - run[-1 - period]) * 1e6 / period)
+    return gaps
 
 
 def one_round(mode, build, initial, data, batch, block, skip):
@@ -152,18 +176,20 @@ def one_round(mode, build, initial, data, batch, block, skip):
     for _ in range(2):
         model = Loss(build())
         model.load_state_dict(initial)
+        model.stamps = []
         models.append(model)
     loader = lambda: DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)  # noqa: E731
-    interleave = Interleave(PlainLoop(mode, models[0], loader()), block, skip)
     trainer = Trainer(models[1], optimizer=torch.optim.SGD(models[1].parameters(), lr=0.01, momentum=0.9),
                       train_dataloader=loader(), max_epochs=1, work_dir=tempfile.mkdtemp(prefix='hookloop-bench-'),
                       seed=0, device='cpu', log_level='WARNING', **MODES[mode])
-    with warnings.catch_warnings():  # loggers run after every other hook: the stamp comes before them
+    with warnings.catch_warnings():  # loggers run after every other hook: this one comes before them
         warnings.simplefilter('ignore', HookOrderWarning)
-        trainer.register_hook(interleave, priority='LOWEST')
+        trainer.register_hook(Interleave(PlainLoop(mode, models[0], loader()), models[1], block), priority='LOWEST')
     trainer.train()
     trainer.close()
-    return (statistics.median(interleave.plain_gaps) * 1e6, statistics.median(interleave.hookloop_gaps) * 1e6)
+    period = PERIOD.get(mode, 1)
+    plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period)
+    return statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked)
 
 
 def run(model_name, mode, rounds, iters, block):
@@ -175,12 +201,13 @@ def run(model_name, mode, rounds, iters, block):
     initial = Loss(build()).state_dict()
     skip = min(2, block - 1)
     results = [one_round(mode, build, initial, data, batch, block, skip) for _ in range(rounds)]
-    plain_us = statistics.median(p for p, _ in results)
-    hook_us = statistics.median(h for _, h in results)
+    plain_us = statistics.median(r[0] for r in results)
+    hook_us = statistics.median(r[1] for r in results)
     return {'model': model_name, 'mode': mode, 'iters': iters, 'rounds': rounds, 'block': block,
             'clock': clock.__name__, 'plain_us': round(plain_us, 1), 'hookloop_us': round(hook_us, 1),
             'ratio': round(hook_us / plain_us, 4),
-            'framework_us': round(statistics.median(h - p for p, h in results), 1)}
+            'framework_us': round(statistics.median(r[1] - r[0] for r in results), 1),
+            'framework_mean_us': round(statistics.median(r[3] - r[2] for r in results), 1)}
 
 
 def main():

@@ -63,14 +63,14 @@ def shard(order, rank, world_size, drop_last=False):
 
 
 class ResumableBatchSampler(torch.utils.data.Sampler):
-    """Batches of ``(index, batch_seed)`` keys for :class:`SeededDataset`.
-
-    The first key of a batch carries the batch's seed; the others carry ``None``.
+    """Batches of sample indices for an epoch, from any batch on: a pure function of
+    ``(seed, epoch, rank)``. With ``seed_batches`` each batch is a :class:`SeededBatch`,
+    which tells a :class:`SeededDataset` in a worker how to seed it.
     Call :meth:`set_epoch` before each epoch (the trainer does).
     """
 
     def __init__(self, length, batch_size, shuffle=False, seed=0, drop_last=False,
-                 rank=0, world_size=1, shard_drop_last=False):
+                 rank=0, world_size=1, shard_drop_last=False, seed_batches=True):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f'batch_size must be a positive int, got {batch_size!r}')
         self.length = length
@@ -81,6 +81,7 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         self.rank = rank
         self.world_size = world_size
         self.shard_drop_last = shard_drop_last
+        self.seed_batches = seed_batches
         self.epoch = 0
         self.start_batch = 0
 
@@ -105,9 +106,13 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self):
-        indices = self.indices()
+        indices, size = self.indices(), self.batch_size
+        if not self.seed_batches:  # the main process fetches: nothing to seed
+            for start in range(self.start_batch * size, len(self) * size, size):
+                yield indices[start:start + size]
+            return
         for batch_index in range(self.start_batch, len(self)):
-            batch = SeededBatch(indices[batch_index * self.batch_size:(batch_index + 1) * self.batch_size])
+            batch = SeededBatch(indices[batch_index * size:(batch_index + 1) * size])
             batch.seed_key = (self.seed, self.epoch, self.rank, batch_index)
             yield batch
 
@@ -161,9 +166,10 @@ class SeededDataset(Dataset):
 def resumable_loader(dataset, batch_size=1, shuffle=False, seed=0, drop_last=False, rank=0,
                      world_size=1, **loader_kwargs):
     """A DataLoader over ``dataset`` with a :class:`ResumableBatchSampler`."""
+    workers = loader_kwargs.get('num_workers', 0) > 0
     sampler = ResumableBatchSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed,
-                                    drop_last=drop_last, rank=rank, world_size=world_size)
-    return DataLoader(SeededDataset(dataset), batch_sampler=sampler, **loader_kwargs)
+                                    drop_last=drop_last, rank=rank, world_size=world_size, seed_batches=workers)
+    return DataLoader(SeededDataset(dataset) if workers else dataset, batch_sampler=sampler, **loader_kwargs)
 
 
 _KEPT_LOADER_ARGS = ('num_workers', 'collate_fn', 'pin_memory', 'timeout', 'worker_init_fn',
@@ -205,10 +211,13 @@ def make_resumable(loader, seed, rank=0, world_size=1, loader_name='train_datalo
     if kwargs.get('num_workers', 0) == 0:
         kwargs.pop('prefetch_factor', None)
         kwargs.pop('persistent_workers', None)
+    workers = kwargs.get('num_workers', 0) > 0  # only workers need the batches' seeds
     new_sampler = ResumableBatchSampler(len(loader.dataset), batch_sampler.batch_size, shuffle=shuffle,
                                         seed=seed, drop_last=batch_sampler.drop_last, rank=rank,
-                                        world_size=world_size, shard_drop_last=shard_drop_last)
-    return DataLoader(SeededDataset(loader.dataset), batch_sampler=new_sampler, **kwargs)
+                                        world_size=world_size, shard_drop_last=shard_drop_last,
+                                        seed_batches=workers)
+    dataset = SeededDataset(loader.dataset) if workers else loader.dataset
+    return DataLoader(dataset, batch_sampler=new_sampler, **kwargs)
 
 
 def set_loader_epoch(loader, seed, epoch, rank=0, start_batch=0):

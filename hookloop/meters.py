@@ -169,9 +169,8 @@ class MeterBuffer:
     def _to_host(windows):
         result, pending = {}, {}
         for key, values in windows.items():
-            tensors = [v for v in values if isinstance(v, torch.Tensor)]
-            if len(tensors) == len(values):
-                stacked = torch.stack([t.float().reshape(()) for t in tensors])
+            stacked = _stack_scalars(values) if isinstance(values[0], torch.Tensor) else None
+            if stacked is not None:
                 pending.setdefault(stacked.device, []).append((key, stacked.mean(), stacked[-1], len(values)))
             else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
                 numbers = [float(v) for v in values]
@@ -184,6 +183,17 @@ class MeterBuffer:
 
     def averages(self, since=None):
         return {key: value['avg'] for key, value in self.summary(since).items()}
+
+
+def _stack_scalars(values):
+    """One float tensor of the one-element tensors ``values`` (on one device), or None when
+    they are not all that."""
+    try:
+        return torch.stack(values).float().reshape(len(values))  # the usual case: same shapes
+    except (TypeError, RuntimeError):
+        if all(isinstance(v, torch.Tensor) for v in values):
+            return torch.stack([v.float().reshape(()) for v in values])  # [] and [1] mixed
+        return None
 
 
 class BulkSeries:

@@ -14,6 +14,8 @@ talk to each other. Each field has one writer and documented readers:
 * ``data_seconds`` (``float``): the seconds this trainer's training loop has waited for
   batches (fetch and move to the device), written by the trainer; ``IterTimerHook``
   turns it into ``data_time``.
+* ``epoch_length`` (``int``): the iterations of the current epoch, written by the trainer
+  as each epoch starts.
 * ``accumulation`` (``int``): the iterations the optimizer hook accumulates gradients over,
   written at its set-up; ``window`` (``(start, size)`` in ``inner_iter`` units) is the
   accumulation window of the current iteration, derived from it and the position
@@ -35,27 +37,25 @@ def accumulation_window(inner_iter, epoch_length, cumulative_iters):
 
 
 class StepState:
-    """The state of the training iteration being run (see the module docstring).
+    """The state of the training iteration being run (see the module docstring);
+    ``position`` is the trainer's :class:`~hookloop.position.Position`."""
 
-    ``position`` is the trainer's :class:`~hookloop.position.Position`, ``epoch_length`` a
-    zero-argument callable giving the current epoch's length (for :attr:`window`).
-    """
+    __slots__ = ('forward_context', 'val_forward_context', 'skip_reason', 'data_seconds', 'epoch_length',
+                 'accumulation', '_position')
 
-    __slots__ = ('forward_context', 'val_forward_context', 'skip_reason', 'data_seconds', 'accumulation',
-                 '_position', '_epoch_length')
-
-    def __init__(self, position, epoch_length):
+    def __init__(self, position, epoch_length=0):
         self.forward_context = contextlib.nullcontext
         self.val_forward_context = contextlib.nullcontext
         self.skip_reason = None
         self.data_seconds = 0.0
         self.accumulation = 1
-        self._position, self._epoch_length = position, epoch_length
+        self.epoch_length = epoch_length
+        self._position = position
 
     @property
     def window(self):
         """``(start, size)`` of the current iteration's accumulation window."""
-        return accumulation_window(self._position.inner_iter, self._epoch_length(), self.accumulation)
+        return accumulation_window(self._position.inner_iter, self.epoch_length, self.accumulation)
 
     def begin(self):
         """Forget the skip decision (the trainer calls it; see the module docstring)."""

@@ -18,7 +18,7 @@ import time
 import warnings
 
 from .checkpoint import get_rng_state, set_rng_state
-from .data import set_loader_epoch
+from .data import SeededDataset, set_loader_epoch
 from .data_state import resume_plan
 from .dist import all_gather_objects
 from .errors import CheckpointError, DataError
@@ -30,8 +30,7 @@ def dataset_name(loader):
     dataset = getattr(loader, 'dataset', None)
     if dataset is None:
         return type(loader).__name__
-    inner = getattr(dataset, '__dict__', {}).get('dataset')  # SeededDataset wraps the user's dataset
-    return type(inner if inner is not None else dataset).__name__
+    return type(dataset.dataset if isinstance(dataset, SeededDataset) else dataset).__name__
 
 
 def _one_line(exc):

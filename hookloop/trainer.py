@@ -210,7 +210,7 @@ class Trainer:
         self._init_progress()
 
         self.position = Position()  # the counters; what a checkpoint's meta stores
-        self.step = StepState(self.position, lambda: self.epoch_length)  # what hooks tell each other about the step
+        self.step = StepState(self.position)  # what hooks tell each other about the current step
         self.mode = 'train'
         self.outputs = self.val_outputs = self.data_batch = None
         self.metrics = {}  # the latest validation results (written by val() only)
@@ -537,6 +537,7 @@ class Trainer:
     def _train_epoch(self):
         stream = self.train_stream
         stream.begin_epoch(self.epoch, self.inner_iter)
+        self.step.epoch_length = self.epoch_length
         self.mode = 'train'
         self.wrapped_model.train()
         self.call_hook('before_train_epoch')
@@ -544,31 +545,31 @@ class Trainer:
         before.plan(self)
         after.plan(self)
         position, step, length, call_each = self.position, self.step, self.epoch_length, self._call_each
-        clock = time.perf_counter
+        next_batch, train_step, move, clock = stream.next_batch, self.train_step, not self._batches_stay, time.perf_counter
         step.begin()
         # The per-iteration path: every line here runs once per step, so it stays flat (the
         # stages' scheduling is inlined: one comparison when no scheduled hook is due).
         while position.inner_iter < length and self.stop_reason is None:
             waited = clock()
             try:
-                batch = stream.next_batch()
+                batch = next_batch()
             except Exception as exc:
                 say_where(exc, f'loading batch {position.inner_iter} of epoch {position.epoch + 1} from train_dataloader')
                 raise
-            if not self._batches_stay:
+            if move:
                 batch = move_to_device(batch, self.device)
             self.data_batch = batch
             step.data_seconds += clock() - waited
-            if position.iter < before.next_due:
-                call_each(before.every, 'before_train_iter')
-            else:
+            if position.iter >= before.next_due:
                 before.walk(self)
-            self.outputs = self.train_step(batch)
+            elif before.every:
+                call_each(before.every, 'before_train_iter')
+            self.outputs = train_step(batch)
             position.end_iteration()
-            if position.iter < after.next_due:
-                call_each(after.every, 'after_train_iter')
-            else:
+            if position.iter >= after.next_due:
                 after.walk(self)
+            elif after.every:
+                call_each(after.every, 'after_train_iter')
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
                 step.begin()
@@ -613,7 +614,8 @@ class Trainer:
     def _forward(self, batch):
         if self._model_train_step:
             return mmcv_train_step(self.model, batch, self.optimizer)
-        outputs = call_model(self.wrapped_model, batch)
+        kind = type(batch)
+        outputs = self.wrapped_model(*batch) if kind is tuple or kind is list else call_model(self.wrapped_model, batch)
         if self.loss_fn is not None:
             outputs = self.loss_fn(outputs, batch)
         return outputs
