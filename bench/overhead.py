@@ -30,6 +30,8 @@ events' and checkpoints' share. ``--clock wall`` (default) stamps with ``time.pe
     python bench/overhead.py --models tiny --modes default50,accum2_50,tensorboard50 --rounds 5
 """
 import argparse
+import functools
+import itertools
 import json
 import statistics
 import tempfile
@@ -101,19 +103,14 @@ class PlainLoop:
         self.mode, self.model, self.loader = PLAIN_MODE.get(mode, mode), model, loader
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.scaler = torch.amp.GradScaler('cpu') if mode == 'fp16' else None
-        self.batches, self.index = iter(loader), 0
+        # endless: a new pass of the loader when one ends, with no Python frame per batch
+        self.batches, self.index = itertools.chain.from_iterable(itertools.repeat(loader)), 0
         model.train()
-
-    def next_batch(self):
-        try:
-            return next(self.batches)
-        except StopIteration:
-            self.batches = iter(self.loader)
-            return next(self.batches)
 
     def run(self, count):
         """``count`` iterations, each loop written out as a user would (no mode checks inside)."""
-        model, optimizer, scaler, next_batch = self.model, self.optimizer, self.scaler, self.next_batch
+        model, optimizer, scaler = self.model, self.optimizer, self.scaler
+        next_batch = functools.partial(next, self.batches)
         model.stamps.append(None)  # a switch: the gaps right after it are dropped
         if scaler is not None:
             for _ in range(count):

@@ -173,7 +173,7 @@ class MeterBuffer:
             if stacked is not None:
                 pending.setdefault(stacked.device, []).append((key, stacked.mean(), stacked[-1], len(values)))
             else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
-                numbers = [float(v) for v in values]
+                numbers = list(map(float, values))
                 result[key] = {'avg': sum(numbers) / len(numbers), 'latest': numbers[-1], 'count': len(numbers)}
         for items in pending.values():
             numbers = torch.stack([t for _, avg, last, _ in items for t in (avg, last)]).tolist()

@@ -8,8 +8,8 @@ of the current iteration during ``before_train_iter``/``after_train_iter`` and g
 A checkpoint can be written at any stage, so the position also knows whether the current
 iteration or epoch is *complete* (its ``after_*`` stage is running): :meth:`Position.state_dict`
 is then the *next* iteration to run, the one a resume starts from. The trainer moves the
-position with :meth:`end_iteration`/:meth:`next_iteration` and :meth:`end_epoch`/
-:meth:`next_epoch`; hooks only read it.
+position with :meth:`end_iteration`/:meth:`next_iteration` (which its training loop writes out,
+to save two calls per step) and :meth:`end_epoch`/:meth:`next_epoch`; hooks only read it.
 """
 
 # What the position is doing, for the resume point and for hooks that need to know.

@@ -36,7 +36,7 @@ from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
-from .position import Position
+from .position import BETWEEN, ITERATION_DONE, Position
 from .prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
 from .registry import TRAINERS
@@ -404,8 +404,11 @@ class Trainer:
             try:
                 method(self, *args)
             except Exception as exc:
-                say_where(exc, f'{hook_name(method)}.{stage} at epoch {self.epoch + 1}, iteration {self.iter}')
+                self._note_hook_error(exc, method, stage)
                 raise
+
+    def _note_hook_error(self, exc, method, stage):
+        say_where(exc, f'{hook_name(method)}.{stage} at epoch {self.epoch + 1}, iteration {self.iter}')
 
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
@@ -544,11 +547,13 @@ class Trainer:
         before, after = self._iteration_stages['before_train_iter'], self._iteration_stages['after_train_iter']
         before.plan(self)
         after.plan(self)
-        position, step, length, call_each = self.position, self.step, self.epoch_length, self._call_each
+        position, step, length = self.position, self.step, self.epoch_length
         next_batch, train_step, move, clock = stream.next_batch, self.train_step, not self._batches_stay, time.perf_counter
         step.begin()
-        # The per-iteration path: every line here runs once per step, so it stays flat (the
-        # stages' scheduling is inlined: one comparison when no scheduled hook is due).
+        # The per-iteration path. Every line runs once per step, and on a small model each
+        # Python function it enters costs about a microsecond (the step's kernels evict the
+        # interpreter's caches), so it is kept flat: the stages' scheduling, the hook calls
+        # (_call_each) and the position's end_iteration/next_iteration are written out here.
         while position.inner_iter < length and self.stop_reason is None:
             waited = clock()
             try:
@@ -562,18 +567,30 @@ class Trainer:
             step.data_seconds += clock() - waited
             if position.iter >= before.next_due:
                 before.walk(self)
-            elif before.every:
-                call_each(before.every, 'before_train_iter')
+            else:
+                try:
+                    for method in before.every:
+                        method(self)
+                except Exception as exc:
+                    self._note_hook_error(exc, method, 'before_train_iter')
+                    raise
             self.outputs = train_step(batch)
-            position.end_iteration()
+            position.phase = ITERATION_DONE
             if position.iter >= after.next_due:
                 after.walk(self)
-            elif after.every:
-                call_each(after.every, 'after_train_iter')
+            else:
+                try:
+                    for method in after.every:
+                        method(self)
+                except Exception as exc:
+                    self._note_hook_error(exc, method, 'after_train_iter')
+                    raise
             if step.skip_reason is not None:  # a dropped update: free its graph before the next forward
                 self.outputs = detach_outputs(self.outputs)
                 step.begin()
-            position.next_iteration()
+            position.iter += 1
+            position.inner_iter += 1
+            position.phase = BETWEEN
         stream.end_epoch()  # a per-epoch pass shuts its workers down before the epoch-end hooks
         if position.inner_iter < length:
             return  # stopped early: the epoch is not over
