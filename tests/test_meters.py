@@ -108,3 +108,52 @@ def test_summary_averages_across_two_gloo_ranks(tmp_path):
                              str(script)], capture_output=True, text=True, env=env, timeout=110)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert result.stdout.count('RANK_OK') == 2
+
+
+def test_a_bulk_series_reads_as_if_each_value_had_been_updated():
+    bulk, direct = MeterBuffer(history=8), MeterBuffer(history=8)
+    series = bulk.bulk_series('loss')
+    marks = []
+    for n in range(30):
+        value = torch.tensor(float(n), requires_grad=True) * 2
+        series.append(value.detach())
+        direct.update('loss', value)
+        if n % 7 == 3:
+            marks.append((bulk.mark(), direct.mark()))  # a read: the series hands its values over
+    for bulk_mark, direct_mark in marks[-2:]:
+        assert bulk.summary(bulk_mark) == direct.summary(direct_mark)
+    assert bulk.summary() == direct.summary() and 'loss' in bulk and bulk.keys() == ['loss']
+
+
+def test_a_bulk_series_follows_a_larger_history():
+    meters = MeterBuffer(history=4)
+    series = meters.bulk_series('loss')
+    meters.reserve(20)  # a logger with interval 20
+    for n in range(20):
+        series.append(torch.tensor(float(n)))
+    summary = meters.summary()['loss']
+    assert summary['count'] == 20 and summary['avg'] == pytest.approx(9.5)
+
+
+def test_sources_are_read_before_every_read_and_listeners_hear_each_new_summary():
+    meters = MeterBuffer()
+    pending, heard = [], []
+    meters.add_source(lambda: [meters.extend('time', pending[:]), pending.clear()])
+    meters.add_listener(heard.append)
+    pending.extend([1.0, 3.0])
+    first = meters.summary()
+    assert first['time'] == {'avg': 2.0, 'latest': 3.0, 'count': 2} and heard == [first]
+    assert meters.summary() is first and len(heard) == 1  # nothing new: the cached summary, no second call
+    pending.append(5.0)
+    assert meters.summary()['time']['count'] == 3 and len(heard) == 2
+    meters.remove_listener(heard.append)
+    pending.append(7.0)
+    meters.summary()
+    assert len(heard) == 2
+
+
+def test_a_window_of_tensors_of_mixed_shapes_is_still_one_sync():
+    meters = MeterBuffer()
+    for value in (torch.tensor(1.0), torch.tensor([3.0])):
+        meters.update('loss', value)
+    assert meters.summary()['loss'] == {'avg': 2.0, 'latest': 3.0, 'count': 2}

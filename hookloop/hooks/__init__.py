@@ -1,6 +1,6 @@
 """The built-in hooks; importing this package registers them in ``HOOKS``."""
 from . import lr_updater, momentum_updater  # noqa: F401  (register <Policy>LrUpdaterHook, <Policy>MomentumUpdaterHook)
-from .base import STAGES, Hook
+from .base import NEVER, STAGES, Hook
 from .checkpoint import CheckpointHook
 from .ema import EMAHook
 from .evaluation import EvaluationHook
@@ -14,7 +14,7 @@ from .progress import ProgressBarHook
 from .timer import IterTimerHook
 from .torch_scheduler import TorchSchedulerHook
 
-__all__ = ['Hook', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'EMAHook', 'EvaluationHook', 'FiniteLossGuard',
+__all__ = ['Hook', 'NEVER', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'EMAHook', 'EvaluationHook', 'FiniteLossGuard',
            'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook', 'IterTimerHook', 'OptimizerHook',
            'OptimizerProcessor', 'PreemptionHook', 'TextLoggerHook', 'LoggerHook', 'TensorboardLoggerHook',
            'MlflowLoggerHook', 'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'ProgressBarHook',
