@@ -150,6 +150,8 @@ class Interleave(Hook):
         return self.next_every_n_iters(start, self.block)
 
     def after_train_iter(self, trainer):
+        if (trainer.iter + 1) % self.block:  # (a hookloop without next_call calls it every iteration)
+            return
         self.plain.run(self.block)
         self.model.stamps.append(None)
 
@@ -182,6 +184,7 @@ def one_round(mode, build, initial, data, batch, block, skip):
     with warnings.catch_warnings():  # loggers run after every other hook: this one comes before them
         warnings.simplefilter('ignore', HookOrderWarning)
         trainer.register_hook(Interleave(PlainLoop(mode, models[0], loader()), models[1], block), priority='LOWEST')
+        trainer.resolve_hooks()  # the defaults (loggers among them) join here
     trainer.train()
     trainer.close()
     period = PERIOD.get(mode, 1)

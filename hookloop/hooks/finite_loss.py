@@ -2,15 +2,16 @@
 
 It looks only at numbers that are on the host already or about to be synced anyway:
 
-* at a log event, the summary the loggers computed (``trainer.meters.last_summary``), read
-  at the start of the next iteration (before its optimizer step);
+* at a log event, the summary the loggers computed; a bad loss there stops the run in the
+  next iteration, before its optimizer step;
 * before every checkpoint is written, the loss values since its previous look (a save
   syncs the whole model anyway), so a checkpoint never holds weights that a non-finite
   loss has reached, and ``last_checkpoint`` keeps naming the last good one;
 * after the last iteration.
 
-So it costs no host sync on other iterations, and is not even called there: a new summary
-wakes it (``MeterBuffer.add_listener``, ``Trainer.wake``). A registered ``CheckInvalidLossHook`` (same
+So it costs no host sync on other iterations, and is not even called there: it looks at each
+new summary as a meter listener (``MeterBuffer.add_listener``) and, when one holds a bad loss,
+has itself called at the next iteration (``Trainer.wake``). A registered ``CheckInvalidLossHook`` (same
 role, per-step policies ``raise``/``skip``/``rollback``) replaces it.
 """
 import math
@@ -41,26 +42,32 @@ class FiniteLossGuard(Hook):
     RUNS_BEFORE = ('optimizer',)  # a bad loss seen at a log event stops the run before the next step
 
     def __init__(self):
-        self._mark = self._checked = None
+        self._mark = self._logged_bad = self._listener = None
 
     def before_run(self, trainer):
         self._mark = trainer.meters.mark()
-        self._checked = getattr(trainer.meters, 'last_summary', None)
-        self._wake = lambda summary: trainer.wake(self)  # a new summary: look at it next iteration
-        trainer.meters.add_listener(self._wake)
+        self._logged_bad = None
+        self._listener = lambda summary: self._look(trainer, summary)
+        trainer.meters.add_listener(self._listener)
 
     def after_run(self, trainer):
-        trainer.meters.remove_listener(self._wake)
+        trainer.meters.remove_listener(self._listener)
+
+    def _look(self, trainer, summary):
+        """A new summary (a log event): if it holds a bad loss, stop at the next iteration,
+        before its step (not here: the loggers are still writing it out)."""
+        if self._logged_bad is None and non_finite_losses(summary):
+            self._logged_bad = (summary, trainer.position.resume_point()[1])
+            trainer.wake(self)
 
     def next_call(self, trainer, stage, start):
         last = trainer.max_iters - 1
         return last if start <= last else NEVER
 
     def after_train_iter(self, trainer):
-        summary = getattr(trainer.meters, 'last_summary', None)
-        if summary is not None and summary is not self._checked:
-            self._checked = summary
-            self._raise_if_bad(trainer, summary, trainer.iter, 'logged')
+        if self._logged_bad is not None:
+            summary, iterations_done = self._logged_bad
+            self._raise_if_bad(trainer, summary, iterations_done, 'logged')
         if self.is_last_iter(trainer):
             self._check_since_last_look(trainer, trainer.iter + 1)
 
@@ -70,7 +77,6 @@ class FiniteLossGuard(Hook):
     def _check_since_last_look(self, trainer, iterations_done):
         summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
         self._mark = trainer.meters.mark()
-        self._checked = trainer.meters.last_summary
         self._raise_if_bad(trainer, summary, iterations_done, 'seen before saving')
 
     def _raise_if_bad(self, trainer, summary, iterations_done, how):

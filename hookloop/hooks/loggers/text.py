@@ -45,6 +45,7 @@ class TextLoggerHook(LoggerHook):
         self.keep_local = keep_local
         self.interval_exp_name = interval_exp_name
         self.json_path = None
+        self._json_file = None  # open while the logger is: one write per record, not an open and a close
         self._start_iter = None
         self._time_sum = 0.0  # sum of logged ``time`` averages x interval: the ETA's basis
         self._wall_start = time.perf_counter()
@@ -54,8 +55,9 @@ class TextLoggerHook(LoggerHook):
             check_writable_dir(os.path.join(self.out_dir, os.path.basename(trainer.work_dir)), type(self).__name__)
         self.json_path = json_log_path(trainer)
         self.exp_name = os.path.basename(trainer.work_dir)
-        append_json(self.json_path, {'hookloop': True, 'seed': trainer.seed, 'work_dir': trainer.work_dir,
-                                     'exp_name': self.exp_name})
+        self._json_file = open(self.json_path, 'a', encoding='utf-8', buffering=1)  # line-buffered: each record lands
+        self._write_json({'hookloop': True, 'seed': trainer.seed, 'work_dir': trainer.work_dir,
+                          'exp_name': self.exp_name})
         self._wall_start = time.perf_counter()
 
     def before_train_epoch(self, trainer):
@@ -75,7 +77,10 @@ class TextLoggerHook(LoggerHook):
             where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
             line = f'{where}  {items}'
         trainer.logger.info(line)
-        append_json(self.json_path, record)
+        self._write_json(record)
+
+    def _write_json(self, record):
+        self._json_file.write(json.dumps(record, default=float) + '\n')
 
     def run_summary(self, trainer):
         return {'json log': os.path.relpath(self.json_path, trainer.work_dir)} if self.json_path else {}
@@ -109,6 +114,9 @@ class TextLoggerHook(LoggerHook):
         return f'{head}\t' + ', '.join(parts)
 
     def close(self, trainer):
+        if self._json_file is not None:
+            self._json_file.close()
+            self._json_file = None
         if not self.out_dir:
             return
         target = os.path.join(self.out_dir, os.path.basename(trainer.work_dir))
