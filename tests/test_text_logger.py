@@ -112,3 +112,19 @@ def test_resumed_run_continues_steps_and_interval_means(tmp_path):
     # the first window after resuming holds only the iterations this process ran (7..10)
     assert records[0]['loss'] == pytest.approx(losses[6:10].mean().item(), rel=1e-6)
     assert records[1]['loss'] == pytest.approx(losses[10:15].mean().item(), rel=1e-6)
+
+
+def test_each_json_record_is_on_disk_when_it_is_logged(tmp_path):
+    """The JSON log stays open through the run (one write per record): a reader, or a run
+    killed mid-way, still sees every record logged so far."""
+    from hookloop import Hook
+    seen = []
+
+    class ReadLog(Hook):
+        def after_train_epoch(self, trainer):
+            seen.append([r['iter'] for r in json_records(tmp_path, 'train')])
+
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5)
+    trainer.register_hook(ReadLog())
+    run(trainer)
+    assert seen == [[5, 10], [5, 10, 15, 20]]
