@@ -28,9 +28,9 @@ from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hook_list import HookList
-from .iteration_calls import IterationStage
 from .hooks.base import ITERATION_STAGES, SETUP_STAGE, STAGES
 from .hooks.order import role_of
+from .iteration_calls import IterationStage
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
