@@ -32,9 +32,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), '..')
 
 from hookloop import Trainer  # noqa: E402
 from hookloop.hooks.base import Hook  # noqa: E402
-from hookloop.hooks.optimizer import OptimizerProcessor, total_loss  # noqa: E402
 
 DTYPES = {'fp32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+PRECISION = {'fp32': None, 'bf16': 'bf16', 'fp16': 'fp16'}
 
 
 class MLP(nn.Module):
@@ -59,19 +59,6 @@ def autocast(device, dtype):
     if dtype is None:
         return contextlib.nullcontext
     return lambda: torch.autocast(device.type, dtype=dtype)
-
-
-class ScaledStep(OptimizerProcessor):
-    """fp16: backward through a GradScaler (bench-local; the amp hooks are another issue)."""
-
-    def __init__(self, scaler):
-        self.scaler = scaler
-
-    def backward(self, trainer, loss_keys, cumulative_iters, grad_clip):
-        self.scaler.scale(total_loss(trainer.outputs, loss_keys)).backward()
-        self.scaler.step(trainer.optimizer)
-        self.scaler.update()
-        trainer.optimizer.zero_grad(set_to_none=True)
 
 
 class Windows(Hook):
@@ -141,12 +128,8 @@ def hookloop_run(args, data, device, dtype, work_dir):
                                                   pin_memory=device.type == 'cuda'),
                       max_iters=args.warmup + args.steps * args.repeats, device=str(device), strategy='ddp',
                       dist_backend=args.dist_backend, work_dir=work_dir, seed=0,
-                      log_config=dict(interval=50), custom_hooks=[windows])
-    trainer.step.forward_context = autocast(trainer.device, dtype)
-    if dtype is torch.float16:
-        trainer.resolve_hooks()
-        optimizer_hook = next(h for h in trainer.hooks if type(h).__name__ == 'OptimizerHook')
-        optimizer_hook.set_processor(ScaledStep(torch.amp.GradScaler(trainer.device.type)))
+                      log_config=dict(interval=50), custom_hooks=[windows],
+                      optimizer_config=dict(precision=PRECISION[args.dtype]))  # autocast (+ GradScaler for fp16)
     trainer.train()
     return trainer, windows.times
 
