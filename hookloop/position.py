@@ -8,8 +8,10 @@ of the current iteration during ``before_train_iter``/``after_train_iter`` and g
 A checkpoint can be written at any stage, so the position also knows whether the current
 iteration or epoch is *complete* (its ``after_*`` stage is running): :meth:`Position.state_dict`
 is then the *next* iteration to run, the one a resume starts from. The trainer moves the
-position with :meth:`end_iteration`/:meth:`next_iteration` (which its training loop writes out,
-to save two calls per step) and :meth:`end_epoch`/:meth:`next_epoch`; hooks only read it.
+position: its training loop sets ``phase`` to ``'iteration_done'`` before ``after_train_iter``
+and then counts the iteration (``iter``, ``inner_iter`` + 1, ``phase`` back to ``'between'``),
+written out there to save two calls per step; :meth:`end_epoch`/:meth:`next_epoch` do the same
+for an epoch. Hooks only read it.
 """
 
 # What the position is doing, for the resume point and for hooks that need to know.
@@ -30,15 +32,7 @@ class Position:
         self.epoch = self.iter = self.inner_iter = self.val_iter = self.validations = 0
         self.phase = BETWEEN
 
-    # -- moved by the trainer ------------------------------------------------------------
-    def end_iteration(self):
-        self.phase = ITERATION_DONE
-
-    def next_iteration(self):
-        self.iter += 1
-        self.inner_iter += 1
-        self.phase = BETWEEN
-
+    # -- moved by the trainer (iterations: in its loop) -------------------------------------
     def end_epoch(self):
         self.phase = EPOCH_DONE
 

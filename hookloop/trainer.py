@@ -553,7 +553,7 @@ class Trainer:
         # The per-iteration path. Every line runs once per step, and on a small model each
         # Python function it enters costs about a microsecond (the step's kernels evict the
         # interpreter's caches), so it is kept flat: the stages' scheduling, the hook calls
-        # (_call_each) and the position's end_iteration/next_iteration are written out here.
+        # (_call_each) and the position's moves (phase, iter, inner_iter) are written out here.
         while position.inner_iter < length and self.stop_reason is None:
             waited = clock()
             try:

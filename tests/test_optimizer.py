@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 from hookloop import ConfigError, Hook, Trainer
 from hookloop.checkpoint import load_checkpoint
-from hookloop.hooks.optimizer import OptimizerHook, OptimizerProcessor, accumulation_window, is_window_end
+from hookloop.hooks.optimizer import OptimizerHook, OptimizerProcessor, accumulation_window
 from conftest import Regressor, regression_data
 
 
@@ -60,8 +60,11 @@ def plain_accumulation(reference, data, batch_size, epochs, n, total_iters=None)
 # -- pure window math ------------------------------------------------------------------------
 def test_accumulation_window_restarts_each_epoch_and_shortens_the_last():
     assert [accumulation_window(i, 5, 2) for i in range(5)] == [(0, 2), (0, 2), (2, 2), (2, 2), (4, 1)]
-    assert [is_window_end(i, 7, 3) for i in range(7)] == [False, False, True, False, False, True, True]
-    assert all(is_window_end(i, 4, 1) for i in range(4))
+    def window_end(inner_iter, length, n):
+        start, size = accumulation_window(inner_iter, length, n)
+        return inner_iter == start + size - 1
+    assert [window_end(i, 7, 3) for i in range(7)] == [False, False, True, False, False, True, True]
+    assert all(window_end(i, 4, 1) for i in range(4))
 
 
 # -- accumulation ----------------------------------------------------------------------------

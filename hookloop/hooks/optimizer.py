@@ -51,13 +51,7 @@ def total_loss(outputs, loss_keys):
     return loss
 
 
-# -- pure functions: the window end and the argument checks ---------------------------------------
-def is_window_end(inner_iter, epoch_length, cumulative_iters):
-    """True at the iteration whose backward completes a window (the optimizer steps there)."""
-    start, size = accumulation_window(inner_iter, epoch_length, cumulative_iters)
-    return inner_iter == start + size - 1
-
-
+# -- argument checks ---------------------------------------------------------------------------
 def check_cumulative_iters(value, owner='OptimizerHook'):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f'{owner} cumulative_iters must be a positive int, got {value!r}')
@@ -430,4 +424,4 @@ class GradientCumulativeFp16OptimizerHook(Fp16OptimizerHook):
 
 __all__ = ['OptimizerHook', 'GradientCumulativeOptimizerHook', 'Fp16OptimizerHook',
            'GradientCumulativeFp16OptimizerHook', 'OptimizerProcessor',
-           'total_loss', 'accumulation_window', 'is_window_end']
+           'total_loss', 'accumulation_window']
