@@ -17,7 +17,9 @@ is the ready-made one (its ``append`` is a C-level ``deque.append``); the traine
 (``FiniteLossGuard``) registers a *listener* (:meth:`MeterBuffer.add_listener`) instead of
 polling at every iteration.
 """
+import math
 from collections import deque
+from itertools import islice
 
 import torch
 
@@ -140,7 +142,8 @@ class MeterBuffer:
         """``{key: {'avg': mean, 'latest': last value, 'count': n}}`` over the values
         appended after the mark ``since`` (all kept values when ``None``).
 
-        All tensors are reduced on their devices and copied to the host together. Under
+        Each device's tensors are copied to the host together (one copy per device, however
+        many keys) and averaged there. Under
         ``torch.distributed`` every value is then averaged across ranks with one
         all-reduce, so every rank must call this at the same iterations with the same keys.
         Repeated calls with no update in between reuse the result (no second sync).
@@ -153,7 +156,10 @@ class MeterBuffer:
         windows = {}
         for key, values in self._values.items():
             new = self._totals[key] - since.get(key, 0)
-            window = list(values)[-new:] if 0 < new < len(values) else (list(values) if new > 0 else [])
+            if new >= len(values):
+                window = list(values)
+            else:  # the newest ``new``, read from the end (the deque may hold far more)
+                window = list(islice(reversed(values), max(new, 0)))[::-1]
             if window:
                 windows[key] = window
         result = self._to_host(windows)
@@ -171,18 +177,23 @@ class MeterBuffer:
         for key, values in windows.items():
             stacked = _stack_scalars(values) if isinstance(values[0], torch.Tensor) else None
             if stacked is not None:
-                pending.setdefault(stacked.device, []).append((key, stacked.mean(), stacked[-1], len(values)))
+                pending.setdefault(stacked.device, []).append((key, stacked))
             else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
-                numbers = list(map(float, values))
-                result[key] = {'avg': sum(numbers) / len(numbers), 'latest': numbers[-1], 'count': len(numbers)}
+                result[key] = _stats(list(map(float, values)))
         for items in pending.values():
-            numbers = torch.stack([t for _, avg, last, _ in items for t in (avg, last)]).tolist()
-            for n, (key, _, _, count) in enumerate(items):
-                result[key] = {'avg': numbers[2 * n], 'latest': numbers[2 * n + 1], 'count': count}
+            numbers = torch.cat([stacked for _, stacked in items]).tolist()  # the one host copy
+            start = 0
+            for key, stacked in items:
+                result[key] = _stats(numbers[start:start + len(stacked)])
+                start += len(stacked)
         return result
 
     def averages(self, since=None):
         return {key: value['avg'] for key, value in self.summary(since).items()}
+
+
+def _stats(numbers):
+    return {'avg': math.fsum(numbers) / len(numbers), 'latest': numbers[-1], 'count': len(numbers)}
 
 
 def _stack_scalars(values):
