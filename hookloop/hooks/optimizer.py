@@ -108,8 +108,8 @@ class OptimizerProcessor:
     (before_train_iter; sets ``trainer.step.forward_context``),
     ``backward(trainer, loss_keys, cumulative_iters, grad_clip)`` (after_train_iter; must
     honour ``trainer.step.skipped``), and optionally ``state_dict()``/``load_state_dict()``
-    and ``next_call(trainer, stage, start)`` (see :meth:`hookloop.Hook.next_call`; without
-    it both stages run at every iteration).
+    and ``next_call(trainer, stage, start, cumulative_iters)`` (as :meth:`hookloop.Hook.next_call`;
+    without it both stages run at every iteration).
 
     Args:
         precision: None/'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast).
