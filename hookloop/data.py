@@ -107,13 +107,11 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         indices, size = self.indices(), self.batch_size
-        if not self.seed_batches:  # the main process fetches: nothing to seed
-            for start in range(self.start_batch * size, len(self) * size, size):
-                yield indices[start:start + size]
-            return
         for batch_index in range(self.start_batch, len(self)):
-            batch = SeededBatch(indices[batch_index * size:(batch_index + 1) * size])
-            batch.seed_key = (self.seed, self.epoch, self.rank, batch_index)
+            batch = indices[batch_index * size:(batch_index + 1) * size]
+            if self.seed_batches:  # only workers seed (the main process fetches a plain list)
+                batch = SeededBatch(batch)
+                batch.seed_key = (self.seed, self.epoch, self.rank, batch_index)
             yield batch
 
 

@@ -24,6 +24,7 @@ class IterationStage:
 
     def __init__(self, stage, hooks, methods, call_each):
         self.stage, self.hooks, self.methods, self._call_each = stage, list(hooks), list(methods), call_each
+        self._scheduled = [_schedule_covers(type(hook), stage) for hook in self.hooks]  # may they skip iterations
         self.due = [None] * len(self.hooks)  # per hook: None = every iteration, else an iteration or NEVER
         self.every = self.methods             # the methods called at every iteration
         self.next_due = NEVER                 # the earliest due of the scheduled hooks
@@ -31,7 +32,7 @@ class IterationStage:
     def plan(self, trainer):
         """Ask every hook when it is next due (at the start of an epoch)."""
         start = trainer.position.iter
-        self.due = [self._ask(trainer, hook, start) for hook in self.hooks]
+        self.due = [self._ask(trainer, index, start) for index in range(len(self.hooks))]
         self._refresh()
 
     # The trainer's loop calls ``every`` itself while ``position.iter < next_due`` (one
@@ -40,14 +41,14 @@ class IterationStage:
         """Call every hook due at the current iteration, in run order, and ask each scheduled
         one that ran when it is next due."""
         iteration = trainer.position.iter
-        for index, (hook, method) in enumerate(zip(self.hooks, self.methods)):
+        for index, method in enumerate(self.methods):
             due = self.due[index]
             if due is None:
                 self._call_each((method,), self.stage)
             elif due <= iteration:
                 self.due[index] = NEVER  # a wake() from inside the call lowers it again
                 self._call_each((method,), self.stage)
-                self.due[index] = min(self._ask(trainer, hook, iteration + 1), self.due[index])
+                self.due[index] = min(self._ask(trainer, index, iteration + 1), self.due[index])
         self._refresh()
 
     def wake(self, hook, iteration):
@@ -58,9 +59,11 @@ class IterationStage:
                 self.due[index] = iteration
                 self.next_due = min(self.next_due, iteration)
 
-    def _ask(self, trainer, hook, start):
-        if not _schedule_covers(type(hook), self.stage):
+    def _ask(self, trainer, index, start):
+        """When hook ``index`` is next due, checked."""
+        if not self._scheduled[index]:
             return None
+        hook = self.hooks[index]
         due = hook.next_call(trainer, self.stage, start)
         if due is None or due == NEVER:
             return due

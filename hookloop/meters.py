@@ -104,8 +104,8 @@ class MeterBuffer:
 
     def extend(self, key, values, count=None):
         """Add the values a source collected (detached tensors or numbers): the most recent
-        ``values`` of ``count`` (default ``len(values)``) produced since its last hand-over."""
-        values = list(values)
+        ``values`` (a sized iterable) of ``count`` (default ``len(values)``) produced since its
+        last hand-over."""
         count = len(values) if count is None else count
         if not count:
             return

@@ -138,7 +138,7 @@ def test_a_next_call_that_names_no_valid_iteration_is_a_config_error(tmp_path, a
 # -- the built-in hooks: scheduled and unscheduled runs leave the same things behind -----------------------
 def unscheduled(monkeypatch):
     """Every hook at every iteration (the schedule switched off)."""
-    monkeypatch.setattr(IterationStage, '_ask', lambda self, trainer, hook, start: None)
+    monkeypatch.setattr(IterationStage, '_ask', lambda self, trainer, index, start: None)
 
 
 def outcome(work_dir, trainer):

@@ -124,7 +124,6 @@ class OptimizerProcessor:
         self.detect_anomalous_params = bool(detect_anomalous_params)
         self.optimizer = self.scaler = None
         self._skip_window = False  # the current window holds a dropped iteration: no step at its end
-        self._plain = False  # see _refresh_plain
         self._pending_state = None  # a state loaded before the optimizer was known
         self._reported_unused = set()
         self._ddp = False
@@ -154,11 +153,6 @@ class OptimizerProcessor:
         self.optimizer.zero_grad(set_to_none=True)
         if self._pending_state is not None:
             self._apply_state(self._pending_state)
-        self._refresh_plain()
-
-    def _refresh_plain(self):
-        """Whether a step is just backward, step, zero_grad (no scaler, no checks, no dropped window)."""
-        self._plain = self.scaler is None and not self.detect_anomalous_params and not self._skip_window
 
     @staticmethod
     def _check_fp16_params(model):
@@ -201,13 +195,6 @@ class OptimizerProcessor:
         trainer.step.forward_context = self._contexts[trainer.inner_iter == start + size - 1]
 
     def backward(self, trainer, loss_keys, cumulative_iters, grad_clip):
-        if self._plain and cumulative_iters == 1 and grad_clip is None and trainer.step.skip_reason is None:
-            loss = trainer.outputs.get(loss_keys[0]) if len(loss_keys) == 1 else None
-            if loss is not None:  # the common step, without the options' bookkeeping
-                loss.backward()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                return
         if cumulative_iters == 1:
             size, window_end = 1, True
         else:  # trainer.step.window, computed here without the property's calls
@@ -230,7 +217,6 @@ class OptimizerProcessor:
             return
         if self._skip_window:  # drop the whole window, never half a step
             self._skip_window = False
-            self._refresh_plain()
         else:
             if self.detect_anomalous_params:
                 self._report_unused_params()
@@ -308,7 +294,6 @@ class OptimizerProcessor:
         if 'scaler' in state and self.scaler is not None:
             self.scaler.load_state_dict(state['scaler'])
         self._skip_window = bool(state.get('skip_window', False))
-        self._refresh_plain()
         grads = state.get('grads')
         if grads is None:
             return

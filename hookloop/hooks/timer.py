@@ -52,16 +52,18 @@ class IterTimerHook(Hook):
         trainer.meters.remove_source(self._hand_over)
         self._start = None
 
-    def _restart(self, now):
+    def _restart(self, now, done=None):
         trainer = self._trainer
-        self._start, self._done, self._data, self._paused = now, _completed(trainer), trainer.step.data_seconds, 0.0
+        done = _completed(trainer) if done is None else done
+        self._start, self._done, self._data, self._paused = now, done, trainer.step.data_seconds, 0.0
 
     def _hand_over(self):
         """Give the meters one ``time`` and ``data_time`` per iteration completed since the last call."""
         if self._start is None:
             return
         trainer = self._trainer
-        count = _completed(trainer) - self._done
+        done = _completed(trainer)
+        count = done - self._done
         if count <= 0:
             return
         now = time.perf_counter()
@@ -72,7 +74,7 @@ class IterTimerHook(Hook):
         kept = min(count, trainer.meters.history)
         trainer.meters.extend('data_time', [(trainer.step.data_seconds - self._data) / count] * kept, count)
         trainer.meters.extend('time', [(now - self._start - paused) / count] * kept, count)
-        self._restart(now)
+        self._restart(now, done)
 
 
 def _completed(trainer):
