@@ -513,7 +513,7 @@ class Trainer:
                     method(self)
                 except Exception as hook_error:  # keep the error that stopped training
                     self.logger.error('%s.after_run failed while handling %r: %r',
-                                      getattr(method, '__self__', method), self.exception, hook_error)
+                                      hook_name(method), self.exception, hook_error)
             # Leave the process group now: ranks waiting for this one in a collective see
             # the connection close and fail at once instead of waiting for dist_timeout.
             teardown()
@@ -631,8 +631,8 @@ class Trainer:
     def _forward(self, batch):
         if self._model_train_step:
             return mmcv_train_step(self.model, batch, self.optimizer)
-        kind = type(batch)
-        outputs = self.wrapped_model(*batch) if kind is tuple or kind is list else call_model(self.wrapped_model, batch)
+        kind = type(batch)  # call_model's rule for the usual list/tuple batch, without its frame per step
+        outputs = self.wrapped_model(*batch) if kind is list or kind is tuple else call_model(self.wrapped_model, batch)
         if self.loss_fn is not None:
             outputs = self.loss_fn(outputs, batch)
         return outputs
@@ -686,11 +686,6 @@ class Trainer:
         return self.metrics
 
     # -- checkpoints ------------------------------------------------------------------------
-    def checkpoint_position(self):
-        """``(epoch, iter, inner_iter)`` of the next iteration to run, at any stage (the
-        resume point ``self.position`` gives; see hookloop/position.py)."""
-        return self.position.resume_point()
-
     def state_dict(self, save_optimizer=True, save_frozen=True):
         """Everything exact resume needs, as tensors and plain containers. With
         ``save_frozen=False`` the weights are only the trained ones (``hookloop.trained_state``)."""

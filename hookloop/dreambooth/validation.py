@@ -127,7 +127,7 @@ class ValidationImagesHook(Hook):
         if trainer.rank != 0:
             return
         from PIL import Image
-        _, completed, _ = trainer.checkpoint_position()
+        _, completed, _ = trainer.position.resume_point()
         directory = os.path.join(trainer.work_dir, self.out_dir, f'iter_{completed}')
         os.makedirs(directory, exist_ok=True)
         unique = {(prompt, seed): image for prompt, seed, image in collected}  # wrapped-around copies
