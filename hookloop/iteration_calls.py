@@ -28,11 +28,17 @@ class IterationStage:
         self.due = [None] * len(self.hooks)  # per hook: None = every iteration, else an iteration or NEVER
         self.every = self.methods             # the methods called at every iteration
         self.next_due = NEVER                 # the earliest due of the scheduled hooks
+        self._woken = set()                   # hooks woken and not called since
 
     def plan(self, trainer):
-        """Ask every hook when it is next due (at the start of an epoch)."""
+        """Ask every hook when it is next due (at the start of an epoch). A wake not yet acted
+        on (one made at an epoch's last iteration) is kept: the hook is due at once."""
         start = trainer.position.iter
-        self.due = [self._ask(trainer, index, start) for index in range(len(self.hooks))]
+        due = [self._ask(trainer, index, start) for index in range(len(self.hooks))]
+        for index in self._woken:
+            if due[index] is not None:
+                due[index] = min(due[index], start)
+        self.due = due
         self._refresh()
 
     # The trainer's loop calls ``every`` itself while ``position.iter < next_due`` (one
@@ -47,6 +53,7 @@ class IterationStage:
                 self._call_each((method,), self.stage)
             elif due <= iteration:
                 self.due[index] = NEVER  # a wake() from inside the call lowers it again
+                self._woken.discard(index)
                 self._call_each((method,), self.stage)
                 self.due[index] = min(self._ask(trainer, index, iteration + 1), self.due[index])
         self._refresh()
@@ -55,9 +62,11 @@ class IterationStage:
         """Have ``hook`` called at ``iteration`` (or the first iteration after it that reaches
         this stage)."""
         for index, other in enumerate(self.hooks):
-            if other is hook and self.due[index] is not None and self.due[index] > iteration:
-                self.due[index] = iteration
-                self.next_due = min(self.next_due, iteration)
+            if other is hook and self.due[index] is not None:
+                self._woken.add(index)
+                if self.due[index] > iteration:
+                    self.due[index] = iteration
+                    self.next_due = min(self.next_due, iteration)
 
     def _ask(self, trainer, index, start):
         """When hook ``index`` is next due, checked."""

@@ -79,3 +79,16 @@ def test_non_finite_losses_reads_only_loss_keys():
     summary = {'loss': {'avg': math.inf, 'latest': 1.0}, 'time': {'avg': math.nan, 'latest': math.nan},
                'loss_aux': {'avg': 1.0, 'latest': 2.0}}
     assert non_finite_losses(summary) == {'loss': math.inf}
+
+
+def test_nan_when_the_log_interval_divides_the_epoch_is_caught_at_the_epochs_last_log_event(tmp_path):
+    """The log event is the epoch's last iteration: the guard's wake must survive the next
+    epoch's planning (it was dropped, and the NaN was acted on only at the run's end)."""
+    torch.manual_seed(0)
+    trainer = Trainer(NaNAt(2), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(regression_data(80), 8),
+                      max_epochs=5, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=10))
+    with pytest.raises(InvalidLossError, match='loss=nan'):
+        trainer.train()
+    trainer.close()
+    # Logged at iteration index 9 (the epoch's last); refused before the next step.
+    assert trainer.iter == 10
