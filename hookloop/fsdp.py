@@ -9,8 +9,11 @@ Under ``strategy='fsdp'`` a checkpoint path names a *directory*:
 * ``hookloop.pth``: everything else (counters, hook states, RNG, config), written by
   rank 0 alone with the ordinary atomic writer and read back with ``weights_only``.
 
-Loading verifies the checksums first and reads ``.metadata`` with a restricted unpickler
-(``dcp_metadata.py``), so a rigged directory runs no code.
+``hookloop.pth`` records the digest of ``shards.sha256``, so removing the manifest does not
+switch the check off (:mod:`hookloop.integrity`). Loading verifies the checksums first, reads
+``.metadata`` with a restricted unpickler (``dcp_metadata.py``) and checks it against this
+run's model and optimizer before any shard is read (``dcp_load.py``): a rigged directory
+runs no code and reads nothing outside itself.
 
 Resuming needs the same model and a process group of any size: DCP reshards. Tensors in
 hook states (EMA averages) that are sharded like the parameters (DTensors) are saved by every
@@ -23,12 +26,15 @@ from collections.abc import Mapping
 
 import torch
 
-from .checkpoint import atomic_write, file_checksum, load_checkpoint, save_checkpoint, update_pointer
-from .dcp_metadata import METADATA_FILE, read_dcp_metadata, safe_reader
+from .checkpoint import atomic_write, checksum_path, file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from . import integrity
+from .dcp_load import check_storage, load_dcp
+from .dcp_metadata import METADATA_FILE, read_dcp_metadata, read_regular_file
 from .errors import CheckpointError, ConfigError
 
 META_FILE = 'hookloop.pth'
 SHARD_CHECKSUMS = 'shards.sha256'
+MANIFEST_DIGEST = 'shards_digest'  # the key in hookloop.pth that holds shards.sha256's own digest
 PLACEHOLDER = 'hookloop.dcp:'  # a hook-state tensor stored in the DCP files under the key that follows
 
 
@@ -143,7 +149,7 @@ def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, wri
     def finish():
         torch.distributed.barrier()  # every rank's shards are written (and .metadata)
         if rank == 0:
-            write_shard_checksums(path)
+            rest[MANIFEST_DIGEST] = write_shard_checksums(path)
             # Written last: its presence marks the directory as a complete checkpoint.
             save_checkpoint(rest, os.path.join(path, META_FILE))
             if pointer_dir is not None:
@@ -167,7 +173,6 @@ def load_sharded(path, model, optimizer, hook_states=None):
 
     ``hook_states``: the hooks' current ``state_dict()`` by name; their DTensors (sharded for
     this run) receive the saved sharded hook tensors, which the returned ``hooks`` hold."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
     rest = verify_sharded(path)
     with_optimizer = optimizer is not None and 'optimizer' in rest.get('sharded', ())
@@ -182,7 +187,7 @@ def load_sharded(path, model, optimizer, hook_states=None):
                               'has a sharded tensor for (a different hook set or model?)')
     if wanted:
         states['extra'] = {key: targets[key] for key in sorted(wanted)}
-    dcp.load(states, storage_reader=safe_reader(path))
+    load_dcp(states, path)  # checked against these states before any shard is read
     rest = _push_tensors(rest, states.get('extra', {}))
     if with_optimizer:
         set_state_dict(model, optimizer, model_state_dict=states['model'], optim_state_dict=states['optimizer'])
@@ -197,35 +202,71 @@ def _shard_files(path):
 
 
 def write_shard_checksums(path):
-    """``<path>/shards.sha256``: the checksum of every file DCP wrote (rank 0, after the shards)."""
+    """``<path>/shards.sha256``: the checksum of every file DCP wrote (rank 0, after the shards).
+    Returns the manifest's own checksum (recorded in ``hookloop.pth``)."""
     lines = ''.join(f'{file_checksum(os.path.join(path, name))}  {name}\n' for name in _shard_files(path))
     atomic_write(os.path.join(path, SHARD_CHECKSUMS), lambda f: f.write(lines.encode()))
+    return file_checksum(os.path.join(path, SHARD_CHECKSUMS))
+
+
+def _read_manifest(path, manifest):
+    """``{file name: digest}`` from ``shards.sha256``; only plain names of shard files
+    (``*.distcp``, ``.metadata``) directly inside ``path``."""
+    try:
+        text = read_regular_file(manifest, 16 << 20, 'shard checksum list').decode('ascii')
+        expected = {}
+        for line in text.splitlines():
+            if line.strip():
+                digest, name = line.split(None, 1)
+                expected[name.strip().lstrip('*')] = digest.lower()
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f'{manifest!r} is damaged') from None
+    for name in expected:
+        if name != METADATA_FILE and not (name.endswith('.distcp') and os.path.basename(name) == name
+                                          and name not in ('.', '..') and '\\' not in name):
+            raise CheckpointError(f'{manifest!r} lists {name!r}, which is not a shard file inside the checkpoint '
+                                  'directory: refusing it')
+    return expected
 
 
 def verify_sharded(path):
-    """Check a sharded checkpoint directory without running anything from it: the shard
-    checksums, ``.metadata`` through the restricted unpickler, ``hookloop.pth`` with
-    ``weights_only``. Returns ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
+    """Check a sharded checkpoint directory without running anything from it:
+    ``hookloop.pth`` with ``weights_only`` (and its sidecar), the manifest against the digest
+    ``hookloop.pth`` records, every shard file against the manifest, ``.metadata`` through the
+    restricted unpickler and its storage entries inside the directory. Returns
+    ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
     if not is_sharded_checkpoint(path):
         raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
+    meta_file = os.path.join(path, META_FILE)
+    if os.path.islink(meta_file):
+        raise CheckpointError(f'{meta_file!r} is a symbolic link: refusing to follow it out of the checkpoint')
+    rest = load_checkpoint(meta_file)
+    sidecar = integrity.sidecar_state(checksum_path(meta_file))
+    if sidecar != 'file':
+        integrity.missing(meta_file, f'its {os.path.basename(checksum_path(meta_file))} is {sidecar}')
     manifest = os.path.join(path, SHARD_CHECKSUMS)
-    if os.path.isfile(manifest):
-        try:
-            with open(manifest, encoding='ascii') as f:
-                expected = dict(reversed(line.split(None, 1)) for line in f.read().splitlines() if line.strip())
-        except (OSError, UnicodeDecodeError, ValueError):
-            raise CheckpointError(f'{manifest!r} is damaged') from None
-        expected = {name.strip(): digest for name, digest in expected.items()}
+    recorded = rest.get(MANIFEST_DIGEST)
+    if integrity.sidecar_state(manifest) != 'file':
+        integrity.missing(path, f'its {SHARD_CHECKSUMS} is {integrity.sidecar_state(manifest)}')
+    else:
+        if recorded is not None and file_checksum(manifest) != str(recorded).lower():
+            raise CheckpointError(f'{manifest!r} is damaged: its SHA-256 does not match the one {META_FILE} records')
+        if recorded is None:
+            integrity.missing(path, f'{META_FILE} records no digest of {SHARD_CHECKSUMS} (an older checkpoint)')
+        expected = _read_manifest(path, manifest)
         for name in sorted(set(expected) | set(_shard_files(path))):
             file = os.path.join(path, name)
             if name not in expected:
                 raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
-            if not os.path.isfile(file):
+            state = integrity.sidecar_state(file)
+            if state == 'missing':
                 raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
+            if state != 'file':
+                raise CheckpointError(f'{file!r} is {state}, not a shard file: refusing it')
             if file_checksum(file) != expected[name]:
                 raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
-    read_dcp_metadata(path)
-    return load_checkpoint(os.path.join(path, META_FILE))
+    check_storage(read_dcp_metadata(path), path)
+    return rest
 
 
 def _collect_placeholders(tree, keys):

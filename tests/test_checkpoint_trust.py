@@ -78,7 +78,8 @@ def rigged_sharded_dir(path, metadata_bytes):
     return str(path)
 
 
-def test_rigged_sharded_metadata_runs_no_code_via_resume_from_auto_and_ema(tmp_path):
+def test_rigged_sharded_metadata_runs_no_code_via_resume_from_auto_and_ema(tmp_path, monkeypatch):
+    monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')  # no shards.sha256: reach .metadata itself
     marker = tmp_path / 'pwned'
     rigged = pickle.dumps(Payload(marker))
     refused = r"refusing to load .*\.metadata.*references (posix|os)\.system"
@@ -99,7 +100,8 @@ def test_rigged_sharded_metadata_runs_no_code_via_resume_from_auto_and_ema(tmp_p
     assert not marker.exists()
 
 
-def test_random_bytes_as_metadata_are_not_a_checkpoint(tmp_path):
+def test_random_bytes_as_metadata_are_not_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')
     noise = rigged_sharded_dir(tmp_path / 'noise', os.urandom(300))
     with pytest.raises(CheckpointError, match='not a checkpoint metadata file'):
         read_dcp_metadata(noise)
@@ -115,9 +117,9 @@ def test_real_sharded_checkpoint_loads_through_the_restricted_reader(tmp_path):
     from torch.distributed.checkpoint.state_dict import get_state_dict
     model_state, optim_state = get_state_dict(source.model, source.optimizer)
     dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=str(path))
-    write_shard_checksums(str(path))
+    digest = write_shard_checksums(str(path))
     rest = {k: v for k, v in source.state_dict().items() if k not in ('state_dict', 'optimizer')}
-    save_checkpoint(dict(rest, sharded=['model', 'optimizer']), str(path / META_FILE))
+    save_checkpoint(dict(rest, sharded=['model', 'optimizer'], shards_digest=digest), str(path / META_FILE))
     read_dcp_metadata(str(path))
     resumed = train(make_trainer(tmp_path / 'dst', epochs=2, resume_from=str(path)))
     reference = train(make_trainer(tmp_path / 'ref', epochs=2))

@@ -1,0 +1,263 @@
+"""Sharded (DCP) checkpoints: no code runs from a shard, nothing outside the directory is
+read, the metadata is checked against the model and optimizer before any shard is read."""
+import io
+import os
+import pickle
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from hookloop.checkpoint import file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from hookloop.cli import build_from_config, main
+from hookloop.dcp_metadata import METADATA_FILE, read_dcp_metadata
+from hookloop.errors import CheckpointError
+from hookloop.fsdp import MANIFEST_DIGEST, META_FILE, SHARD_CHECKSUMS, verify_sharded, write_shard_checksums
+
+CONFIG = """
+custom_imports = ['hookloop.examples.digits']
+model = dict(type='DigitsMLP', hidden=8)
+train_dataloader = dict(dataset=dict(type='DigitsDataset', split='train'), batch_size=512, shuffle=True)
+optimizer = dict(type='SGD', lr=0.1, momentum=0.9)
+max_iters = 4
+device = 'cpu'
+seed = 0
+log_config = dict(interval=100)
+checkpoint_config = dict(interval=2, by_epoch=False)
+"""
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f'touch {self.marker}',))
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / 'cfg.py'
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def build(config, work_dir, **overrides):
+    return build_from_config(config, work_dir=str(work_dir), **overrides)
+
+
+def write_sharded(config, tmp_path, name='ck', manifest=True):
+    """What ``save_sharded`` writes, from a single process, for the state of a real run's
+    ``iter_2.pth``: DCP shards of the model and the optimizer, ``shards.sha256``,
+    ``hookloop.pth`` recording the manifest's digest."""
+    source = tmp_path / 'src' / 'iter_2.pth'
+    if not source.exists():
+        trainer = build(config, tmp_path / 'src', max_iters=2)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    checkpoint = load_checkpoint(str(source))
+    holder = build(config, tmp_path / 'holder')
+    holder.close()
+    holder.model.load_state_dict(checkpoint['state_dict'])
+    holder.optimizer.load_state_dict(checkpoint['optimizer'])
+    path = tmp_path / name
+    os.makedirs(path)
+    model_state, optim_state = get_state_dict(holder.model, holder.optimizer)
+    dcp.save({'model': model_state, 'optimizer': optim_state}, checkpoint_id=str(path))
+    rest = {k: v for k, v in checkpoint.items() if k not in ('state_dict', 'optimizer')}
+    rest['sharded'] = ['model', 'optimizer']
+    if manifest:
+        rest[MANIFEST_DIGEST] = write_shard_checksums(str(path))
+    save_checkpoint(rest, str(path / META_FILE))
+    return path
+
+
+def rewrite_metadata(path, edit):
+    """Apply ``edit(metadata)`` to ``.metadata`` (written back with DCP's own classes only)."""
+    metadata = read_dcp_metadata(str(path))
+    edit(metadata)
+    real = {}
+    for index, info in metadata.storage_data.items():  # back to DCP's own MetadataIndex class
+        from torch.distributed.checkpoint.metadata import MetadataIndex
+        real[MetadataIndex(index.fqn, index.offset, index.index)] = info
+    metadata.storage_data = real
+    with open(path / METADATA_FILE, 'wb') as f:
+        pickle.dump(metadata, f)
+
+
+def reseal(path):
+    """What an attacker who rewrote the files would do: fresh checksums everywhere."""
+    rest = load_checkpoint(str(path / META_FILE))
+    rest[MANIFEST_DIGEST] = write_shard_checksums(str(path))
+    save_checkpoint(rest, str(path / META_FILE))
+
+
+def rig_bytes_item(path, marker, key='optimizer.param_groups.0.lr'):
+    """Point the bytes item ``key`` at a pickle (appended to the shard) that touches ``marker``."""
+    shard = path / '__0_0.distcp'
+    payload = io.BytesIO()
+    torch.save(Payload(marker), payload)  # a torch.save file that needs weights_only=False
+    offset = shard.stat().st_size
+    with open(shard, 'ab') as f:
+        f.write(payload.getvalue())
+
+    def edit(metadata):
+        for index, info in metadata.storage_data.items():
+            if index.fqn == key:
+                info.offset, info.length = offset, len(payload.getvalue())
+    rewrite_metadata(path, edit)
+
+
+def run_all_ways(config, tmp_path, rigged, monkeypatch, capsys):
+    """--resume DIR (the CLI), pointer + --resume auto, EMAHook(resume_from=DIR): each one
+    clear line, exit status 1, nothing trained."""
+    lines = []
+    code = main(['train', config, '--work-dir', str(tmp_path / 'cli'), '--resume', str(rigged)])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and 'Traceback' not in err and len(err.splitlines()) == 1, err
+    lines.append(err)
+
+    auto_dir = tmp_path / 'auto'
+    os.makedirs(auto_dir)
+    os.rename(rigged, auto_dir / 'iter_2.pth')
+    update_pointer(str(auto_dir), str(auto_dir / 'iter_2.pth'))
+    code = main(['train', config, '--work-dir', str(auto_dir), '--resume', 'auto'])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and 'Traceback' not in err and len(err.splitlines()) == 1, err
+    lines.append(err)
+    os.rename(auto_dir / 'iter_2.pth', rigged)
+
+    ema_config = tmp_path / 'ema.py'
+    ema_config.write_text(CONFIG + f"custom_hooks = [dict(type='EMAHook', resume_from={str(rigged)!r})]\n")
+    code = main(['train', str(ema_config), '--work-dir', str(tmp_path / 'ema')])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and 'Traceback' not in err and len(err.splitlines()) == 1, err
+    lines.append(err)
+    return lines
+
+
+@pytest.mark.parametrize('manifest', ['resealed', 'removed'])
+def test_a_pickle_in_a_bytes_item_runs_no_code_any_way(config, tmp_path, monkeypatch, capsys, manifest):
+    marker = tmp_path / 'pwned'
+    rigged = write_sharded(config, tmp_path, 'rigged')
+    rig_bytes_item(rigged, marker)
+    if manifest == 'resealed':
+        reseal(rigged)
+    else:  # no shards.sha256 at all: the switch for old checkpoints lets it through to the loader
+        os.remove(rigged / SHARD_CHECKSUMS)
+        monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')
+    lines = run_all_ways(config, tmp_path, rigged, monkeypatch, capsys)
+    assert not marker.exists()
+    for line in lines:
+        assert 'optimizer.param_groups.0.lr' in line and 'not a plain value' in line, line
+
+
+def test_without_the_manifest_a_sharded_dir_is_refused_unless_switched(config, tmp_path, monkeypatch):
+    path = write_sharded(config, tmp_path)
+    os.remove(path / SHARD_CHECKSUMS)
+    with pytest.raises(CheckpointError, match='no valid checksum.*shards.sha256 is missing.*HOOKLOOP_ALLOW_UNVERIFIED=1'):
+        verify_sharded(str(path))
+    monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')
+    with pytest.warns(UserWarning, match='without an integrity check'):
+        verify_sharded(str(path))
+
+
+def test_manifest_may_not_name_files_outside_and_upper_case_digests_are_fine(config, tmp_path):
+    path = write_sharded(config, tmp_path)
+    manifest = path / SHARD_CHECKSUMS
+    text = manifest.read_text()
+    manifest.write_text(text.upper().replace('__0_0.DISTCP', '__0_0.distcp').replace('.METADATA', '.metadata'))
+    rest = load_checkpoint(str(path / META_FILE))
+    rest[MANIFEST_DIGEST] = file_checksum(str(manifest)).upper()
+    save_checkpoint(rest, str(path / META_FILE))
+    verify_sharded(str(path))  # upper-case hex is the same digest
+    outside = tmp_path / 'secret'
+    outside.write_bytes(b'x')
+    manifest.write_text(text + f'{file_checksum(str(outside))}  ../secret\n')
+    reseal_manifest_digest(path)
+    with pytest.raises(CheckpointError, match=r"lists '\.\./secret', which is not a shard file inside"):
+        verify_sharded(str(path))
+
+
+def reseal_manifest_digest(path):
+    rest = load_checkpoint(str(path / META_FILE))
+    rest[MANIFEST_DIGEST] = file_checksum(str(path / SHARD_CHECKSUMS))
+    save_checkpoint(rest, str(path / META_FILE))
+
+
+def test_a_real_sharded_checkpoint_resumes_like_its_file_checkpoint(config, tmp_path):
+    """The checked loader restores what the plain file checkpoint of the same state does."""
+    path = write_sharded(config, tmp_path)
+    from_dir = build(config, tmp_path / 'dst', resume_from=str(path))
+    from_file = build(config, tmp_path / 'ref', resume_from=str(tmp_path / 'src' / 'iter_2.pth'))
+    for trainer in (from_dir, from_file):
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    for key, value in from_file.model.state_dict().items():
+        assert torch.equal(from_dir.model.state_dict()[key], value), key
+    for a, b in zip(from_file.optimizer.state.values(), from_dir.optimizer.state.values()):
+        assert torch.equal(a['momentum_buffer'], b['momentum_buffer'])
+    assert from_dir.optimizer.param_groups[0]['lr'] == from_file.optimizer.param_groups[0]['lr']
+
+
+@pytest.mark.parametrize('edit,message', [
+    (lambda md: setattr(next(iter(md.storage_data.values())), 'relative_path', '/dev/zero'),
+     "names '/dev/zero', not a shard file"),
+    (lambda md: setattr(next(iter(md.storage_data.values())), 'relative_path', '../other/__0_0.distcp'),
+     "names '../other/__0_0.distcp', not a shard file"),
+    (lambda md: setattr(next(iter(md.storage_data.values())), 'length', 1 << 40), 'reads bytes .* which has'),
+    (lambda md: setattr(next(iter(md.storage_data.values())), 'transform_descriptors', ['zstd']),
+     'asks for stream transforms'),
+])
+def test_storage_entries_may_only_name_bytes_inside_the_dir(config, tmp_path, edit, message):
+    path = write_sharded(config, tmp_path)
+    rewrite_metadata(path, edit)
+    reseal(path)
+    with pytest.raises(CheckpointError, match=message):
+        verify_sharded(str(path))
+
+
+def test_a_shard_that_is_a_symlink_or_fifo_is_refused_without_blocking(config, tmp_path, monkeypatch):
+    path = write_sharded(config, tmp_path)
+    os.remove(path / SHARD_CHECKSUMS)
+    monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')
+    shard = path / '__0_0.distcp'
+    os.remove(shard)
+    os.mkfifo(shard)
+    with pytest.raises(CheckpointError, match='not a regular file'):
+        verify_sharded(str(path))
+    os.remove(shard)
+    os.symlink('/dev/zero', shard)
+    with pytest.raises(CheckpointError, match='not a regular file|symbolic link'):
+        verify_sharded(str(path))
+    os.remove(path / METADATA_FILE)
+    os.symlink('/dev/zero', path / METADATA_FILE)
+    with pytest.raises(CheckpointError, match=r'\.metadata.* is a symbolic link'):
+        read_dcp_metadata(str(path))
+
+
+def test_metadata_is_checked_against_the_model_before_any_shard_is_read(config, tmp_path):
+    path = write_sharded(config, tmp_path)
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    def as_bytes(metadata):  # a tensor of the model declared a bytes item
+        key = next(k for k in metadata.state_dict_metadata if k.startswith('model.'))
+        metadata.state_dict_metadata[key] = BytesStorageMetadata()
+        for index in metadata.storage_data:
+            if index.fqn == key:
+                object.__setattr__(index, 'offset', None)
+    rewrite_metadata(path, as_bytes)
+    reseal(path)
+    trainer = build(config, tmp_path / 'dst', resume_from=str(path))
+    try:
+        with pytest.raises(CheckpointError, match='is a tensor here but not in the checkpoint'):
+            trainer.train()
+    finally:
+        trainer.close()
+    assert all(torch.equal(a, b) for a, b in zip(trainer.model.state_dict().values(),
+                                                 build(config, tmp_path / 'fresh').model.state_dict().values()))
