@@ -261,3 +261,152 @@ def test_metadata_is_checked_against_the_model_before_any_shard_is_read(config, 
         trainer.close()
     assert all(torch.equal(a, b) for a, b in zip(trainer.model.state_dict().values(),
                                                  build(config, tmp_path / 'fresh').model.state_dict().values()))
+
+
+# -- the unpickler: no process-wide state changed, no keys that collide ------------------------
+
+def test_build_on_a_class_or_an_enum_member_is_refused_and_changes_nothing(tmp_path):
+    from hookloop.dcp_metadata import RestrictedMetadataUnpickler
+    on_class = b'\x80\x02ctorch\nSize\n}X\x03\x00\x00\x00fooK\x01sb.'
+    on_member = (b'\x80\x02ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n'
+                 b'K\x01\x85R}X\x05\x00\x00\x00valueK\x07sb.')
+    for data in (on_class, on_member):
+        with pytest.raises(CheckpointError, match='sets the state of a'):
+            RestrictedMetadataUnpickler(io.BytesIO(data), 'x').load()
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+    assert not hasattr(torch.Size, 'foo') and _MEM_FORMAT_ENCODING(1).value == 1
+
+
+def test_keys_whose_hashes_collide_cost_nothing(tmp_path):
+    """Offsets k * (2**61 - 1) all hash alike in a tuple, so DCP's MetadataIndex keys built from
+    them collide: the restricted unpickler's keys hash over a string instead; other key
+    types (tuples) are refused."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+    from hookloop.dcp_metadata import RestrictedMetadataUnpickler
+    prime = (1 << 61) - 1
+    keys = [MetadataIndex('w', torch.Size([k * prime])) for k in range(1, 2001)]
+    assert len({hash(k) for k in keys}) == 1  # DCP's own class: one bucket for all 2000
+    metadata = Metadata(state_dict_metadata={}, storage_data={k: _StorageInfo('__0_0.distcp', 0, 1) for k in keys})
+    loaded = RestrictedMetadataUnpickler(io.BytesIO(pickle.dumps(metadata)), 'x').load()
+    assert len({hash(k) for k in loaded.storage_data}) == 2000
+    tuple_keys = pickle.dumps(Metadata(state_dict_metadata={(1, 2): None}))
+    with pytest.raises(CheckpointError, match='uses a tuple as a dictionary key'):
+        RestrictedMetadataUnpickler(io.BytesIO(tuple_keys), 'x').load()
+
+
+# -- fuzz: random metadata, nothing outside read, no code, one line ---------------------------
+
+def _mutations(rng, metadata, marker):
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata,
+                                                       TensorStorageMetadata)
+    infos = list(metadata.storage_data.values())
+    described = metadata.state_dict_metadata
+    kind = rng.randrange(6)
+    if kind == 0:
+        info = rng.choice(infos)
+        info.relative_path = rng.choice(['/dev/zero', '../outside.distcp', 'fifo.distcp', 'link.distcp',
+                                         '__0_0.distcp', '', 'a/b.distcp', '.metadata', 5, None, '..'])
+    elif kind == 1:
+        info = rng.choice(infos)
+        values = [-1, 0, 7, rng.randrange(1 << 16), 1 << 40, (1 << 61) - 1, 'x', None, 1.5]
+        info.offset, info.length = rng.choice(values), rng.choice(values)
+    elif kind == 2:
+        rng.choice(infos).transform_descriptors = rng.choice([[], ['zstd'], 'x', [1]])
+    elif kind == 3:
+        key = rng.choice(sorted(described))
+        md = described[key]
+        if isinstance(md, TensorStorageMetadata):
+            choice = rng.randrange(4)
+            if choice == 0:
+                md.size = torch.Size([rng.randrange(0, 1 << 20) for _ in range(rng.randrange(0, 3))])
+            elif choice == 1:
+                md.properties.dtype = rng.choice([torch.float16, torch.int64, torch.bool, torch.float64])
+            elif choice == 2:
+                md.chunks = [ChunkStorageMetadata(torch.Size([rng.randrange(-2, 1 << 30) for _ in md.size]),
+                                                  torch.Size([rng.randrange(0, 1 << 30) for _ in md.size]))
+                             for _ in range(rng.randrange(0, 3))]
+            else:
+                described[key] = BytesStorageMetadata()
+        else:
+            del described[key]
+    elif kind == 4:
+        key = rng.choice(sorted(described))
+        described[key] = TensorStorageMetadata(properties=None, size=torch.Size([2]), chunks=[]) \
+            if rng.random() < 0.5 else BytesStorageMetadata()
+    else:  # a bytes item whose payload would run code under weights_only=False
+        return 'payload'
+    return None
+
+
+def _payload_into(path, marker, rng):
+    rig_bytes_item(path, marker, key=rng.choice(['optimizer.param_groups.0.lr', 'optimizer.param_groups.0.momentum',
+                                                'optimizer.param_groups.0.params']))
+
+
+def test_fuzz_dcp_metadata(config, tmp_path, monkeypatch):
+    import random
+    import shutil
+    import builtins
+    from hookloop.dcp_load import load_dcp
+    monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')  # fuzz the loader, not the checksums
+    base = write_sharded(config, tmp_path, 'base', manifest=False)
+    holder = build(config, tmp_path / 'holder2')
+    holder.close()
+    outside = tmp_path / 'outside.distcp'
+    outside.write_bytes(b'\0' * 4096)
+    marker = tmp_path / 'pwned'
+    rng = random.Random(20)
+    size = sum(p.stat().st_size for p in base.iterdir())
+    opened, reads = [], []
+    real_open, real_os_open, real_pread = builtins.open, os.open, os.pread
+
+    def spy_open(file, *args, **kwargs):
+        opened.append(os.fspath(file) if isinstance(file, (str, os.PathLike)) else None)
+        return real_open(file, *args, **kwargs)
+
+    def spy_os_open(file, *args, **kwargs):
+        opened.append(os.fspath(file))
+        return real_os_open(file, *args, **kwargs)
+
+    def spy_pread(fd, n, offset):
+        reads.append(n)
+        return real_pread(fd, n, offset)
+
+    outcomes = {'loaded': 0, 'refused': 0}
+    for case in range(60):
+        path = tmp_path / f'case{case}'
+        shutil.copytree(base, path)
+        os.mkfifo(path / 'fifo.distcp')
+        os.symlink(outside, path / 'link.distcp')
+        if _mutations(rng, metadata := read_dcp_metadata(str(path)), marker) == 'payload':
+            _payload_into(path, marker, rng)
+        else:
+            rewrite_metadata(path, lambda md: (md.__dict__.update(metadata.__dict__)))
+        if rng.random() < 0.2:  # and a flipped byte in .metadata itself
+            data = bytearray((path / METADATA_FILE).read_bytes())
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+            (path / METADATA_FILE).write_bytes(bytes(data))
+        model_state, optim_state = get_state_dict(holder.model, holder.optimizer)
+        opened.clear()
+        reads.clear()
+        monkeypatch.setattr(builtins, 'open', spy_open)
+        monkeypatch.setattr(os, 'open', spy_os_open)
+        monkeypatch.setattr(os, 'pread', spy_pread)
+        try:
+            verify_sharded(str(path))
+            load_dcp({'model': model_state, 'optimizer': optim_state}, str(path))
+            outcomes['loaded'] += 1
+        except CheckpointError as exc:
+            assert '\n' not in str(exc), str(exc)
+            outcomes['refused'] += 1
+        finally:
+            monkeypatch.setattr(builtins, 'open', real_open)
+            monkeypatch.setattr(os, 'open', real_os_open)
+            monkeypatch.setattr(os, 'pread', real_pread)
+        assert not marker.exists(), case
+        for name in opened:
+            assert name is None or os.path.realpath(name).startswith(str(path) + os.sep), (case, name)
+        assert sum(reads) <= 2 * size, case
+        shutil.rmtree(path)
+    assert outcomes['refused'] > 20 and outcomes['loaded'] > 0, outcomes
