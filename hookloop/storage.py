@@ -243,11 +243,26 @@ def remove_stale_temporaries_url(url):
 def local_mirror(url):
     """The local directory for files that libraries write with plain ``open`` (the log, the
     JSON log, event files) during a run whose work dir is ``url``: the same directory for the
-    same URL, so a resumed run continues the earlier run's files there."""
+    same URL, so a resumed run continues the earlier run's files there.
+
+    It lies in a private directory of this user (``<tmp>/hookloop-mirrors-<uid>``, mode 0700,
+    checked to be a real directory owned by us): another user cannot plant a symlink or a
+    file there. When that directory is not ours, a fresh ``mkdtemp`` directory is used."""
     import hashlib
+    import stat
     import tempfile
     digest = hashlib.sha1(url.rstrip('/').encode()).hexdigest()[:12]
-    return os.path.join(tempfile.gettempdir(), 'hookloop-mirrors', digest)
+    base = os.path.join(tempfile.gettempdir(), f'hookloop-mirrors-{os.getuid()}')
+    try:
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return tempfile.mkdtemp(prefix=f'hookloop-mirror-{digest}-')
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return tempfile.mkdtemp(prefix=f'hookloop-mirror-{digest}-')
+    return os.path.join(base, digest)
 
 
 def upload_tree(local_dir, url):

@@ -236,6 +236,8 @@ class Trainer:
         if not isinstance(work_dir, (str, os.PathLike)):
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
         work_dir = os.fspath(work_dir)
+        if work_dir.startswith('file://'):  # a local directory: one lock, one spelling (its real path)
+            work_dir = work_dir[len('file://'):] or '/'
         if storage.is_url(work_dir):
             # Created when the run starts too (_claim_work_dir); the protocol is checked now.
             url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
@@ -734,6 +736,7 @@ class Trainer:
                          self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
             return path
         if self.rank == 0:
+            self._lock.check()  # the lock file deleted or replaced: another run may own the dir now
             storage.makedirs(storage.dirname(path))
             pointer_dir = self.storage_dir if update_last else None
             if asynchronous:

@@ -1,0 +1,98 @@
+"""The work dir lock cannot be aimed at another file, nor dodged by another spelling of the dir."""
+import os
+import stat
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from conftest import Regressor, regression_data
+from conftest import train_and_close as train
+from hookloop import Hook, Trainer
+from hookloop.errors import ConfigError, HookloopError
+from hookloop.work_dir_lock import LOCK_NAME, WorkDirLock
+
+
+def make_trainer(work_dir, hooks=(), **kwargs):
+    torch.manual_seed(0)
+    loader = DataLoader(regression_data(), batch_size=8)
+    return Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=loader, max_epochs=1,
+                   work_dir=work_dir, seed=0, device='cpu', log_config=dict(interval=100),
+                   checkpoint_config=dict(interval=2, by_epoch=False), custom_hooks=list(hooks), **kwargs)
+
+
+@pytest.mark.parametrize('how', ['symlink', 'hardlink'])
+def test_a_lock_file_aimed_at_another_file_leaves_it_intact(tmp_path, how):
+    target = tmp_path / 'bashrc'
+    target.write_bytes(b'export PATH=/precious\n' * 10)
+    before = target.read_bytes()
+    work_dir = tmp_path / 'work'
+    work_dir.mkdir()
+    (os.symlink if how == 'symlink' else os.link)(target, work_dir / LOCK_NAME)
+    with pytest.raises(ConfigError, match='symbolic link|other hard links'):
+        train(make_trainer(work_dir))
+    assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize('kind', ['directory', 'fifo', 'dangling', 'foreign'])
+def test_a_lock_that_is_not_a_lock_file_is_one_clear_line(tmp_path, kind):
+    work_dir = tmp_path / 'work'
+    work_dir.mkdir()
+    lock = work_dir / LOCK_NAME
+    if kind == 'directory':
+        lock.mkdir()
+    elif kind == 'fifo':
+        os.mkfifo(lock)
+    elif kind == 'dangling':
+        os.symlink(tmp_path / 'nowhere', lock)
+    else:
+        lock.write_bytes(b'my notes, not a lock\n')
+    with pytest.raises(ConfigError, match='refusing to use it as the work dir lock') as info:
+        train(make_trainer(work_dir))
+    assert '\n' not in str(info.value)
+    if kind == 'foreign':
+        assert lock.read_bytes() == b'my notes, not a lock\n'
+    assert not os.path.exists(tmp_path / 'nowhere')
+
+
+@pytest.mark.parametrize('first,second', [('file://{d}/run', '{d}/run'), ('file://{d}/./run/', 'file://{d}/run'),
+                                          ('{d}/x/../run', '{d}/link')])
+def test_two_spellings_of_one_dir_share_the_lock(tmp_path, first, second):
+    d = str(tmp_path)
+    os.makedirs(tmp_path / 'run')
+    os.symlink(tmp_path / 'run', tmp_path / 'link')
+    one = make_trainer(first.format(d=d))
+    one._claim_work_dir()
+    try:
+        with pytest.raises(ConfigError, match='is in use by another run'):
+            make_trainer(second.format(d=d))._claim_work_dir()
+    finally:
+        one.close()
+
+
+class DeleteLock(Hook):
+    def after_train_iter(self, trainer):
+        if trainer.iter == 0:
+            os.remove(os.path.join(trainer.work_dir, LOCK_NAME))
+
+
+def test_a_run_whose_lock_was_deleted_stops_before_its_next_checkpoint(tmp_path):
+    trainer = make_trainer(tmp_path / 'work', hooks=[DeleteLock()])
+    with pytest.raises(HookloopError, match='was deleted while this run held it'):
+        train(trainer)
+    assert not any(name.endswith('.pth') for name in os.listdir(tmp_path / 'work'))
+
+
+def test_url_mirrors_live_in_a_private_directory(tmp_path):
+    from hookloop import storage
+    mirror = storage.local_mirror('memory://bucket/run')
+    parent = os.path.dirname(mirror)
+    info = os.lstat(parent)
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+    assert storage.local_mirror('memory://bucket/run/') == mirror
+
+
+def test_lock_is_keyed_on_the_real_path(tmp_path):
+    os.makedirs(tmp_path / 'real')
+    os.symlink(tmp_path / 'real', tmp_path / 'alias')
+    assert WorkDirLock(tmp_path / 'alias').path == WorkDirLock(tmp_path / 'real' / '.').path
