@@ -273,6 +273,10 @@ def read_pointer(work_dir, also_inside=()):
     if not text or '\n' in text or '\0' in text or len(raw) > 4096:
         raise CheckpointError(f'{pointer} is damaged: it should hold one checkpoint path')
     if url or storage.is_url(text):  # a URL work dir, or a pointer to a checkpoint hook's URL out_dir
+        joined = storage.join(work_dir, text)
+        if storage.is_url(joined) and storage.dot_segments(joined):  # object keys are literal: never folded
+            raise CheckpointError(f'{pointer} names {text!r}, with "." or ".." segments: refusing it (object '
+                                  'store keys are literal)')
         path = storage.resolve(work_dir, text)
     else:
         path = os.path.normpath(os.path.join(os.path.abspath(work_dir), text))

@@ -52,10 +52,26 @@ def join(base, name):
     return os.path.join(base, name)
 
 
+def dot_segments(url):
+    """True when ``url``'s path has a ``.`` or ``..`` segment: on an object store these are
+    literal parts of a key (``s3://b/x/../run`` is not ``s3://b/run``), so hookloop refuses them."""
+    return any(part in ('.', '..') for part in url.split('://', 1)[1].split('/'))
+
+
+def check_url(url, what):
+    """``url`` itself, or a ConfigError when it has ``.``/``..`` segments (see :func:`dot_segments`)."""
+    if is_url(url) and dot_segments(url):
+        raise ConfigError(f'{what} {url!r} has "." or ".." in its path: on an object store those are literal '
+                          'parts of a key, not directories; give the URL without them')
+    return url
+
+
 def normpath(path):
-    """``path`` with ``..`` and doubled slashes folded: posix-style for a URL."""
+    """``path`` with ``..`` and doubled slashes folded; for a URL doubled slashes only (a
+    URL with ``.``/``..`` segments is a ConfigError: keys are literal, never folded)."""
     if not is_url(path):
         return os.path.normpath(path)
+    check_url(path, 'storage path')
     protocol, rest = path.split('://', 1)
     return protocol + '://' + posixpath.normpath(rest or '.')
 
@@ -68,7 +84,7 @@ def relpath(path, base):
 
 
 def resolve(base, name):
-    """``name`` under ``base``, normalised (``..`` folded)."""
+    """``name`` under ``base``, normalised (for a URL: never with ``..``, see :func:`normpath`)."""
     return normpath(join(base, name))
 
 

@@ -240,6 +240,7 @@ class Trainer:
             work_dir = work_dir[len('file://'):] or '/'
         if storage.is_url(work_dir):
             # Created when the run starts too (_claim_work_dir); the protocol is checked now.
+            storage.check_url(work_dir, 'work_dir')  # s3://b/x/../run is a key of its own, never s3://b/run
             url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
             if self.rank == 0:
                 storage.filesystem(url)  # an unknown protocol fails here, in one line

@@ -96,3 +96,31 @@ def test_lock_is_keyed_on_the_real_path(tmp_path):
     os.makedirs(tmp_path / 'real')
     os.symlink(tmp_path / 'real', tmp_path / 'alias')
     assert WorkDirLock(tmp_path / 'alias').path == WorkDirLock(tmp_path / 'real' / '.').path
+
+
+# -- 3. object-store keys are literal: never folded ---------------------------------------------
+
+@pytest.fixture
+def memory_fs():
+    import fsspec
+    fs = fsspec.filesystem('memory')
+    yield fs
+    if fs.exists('/hookloop-i20'):
+        fs.rm('/hookloop-i20', recursive=True)
+
+
+def test_a_url_work_dir_with_dot_dot_never_reaches_another_runs_keys(tmp_path, memory_fs):
+    """``memory://B/x/../run`` is its own key on an object store: hookloop folded it into
+    ``memory://B/run``, resumed that run and let max_keep_ckpts delete its objects."""
+    other = train(make_trainer('memory://hookloop-i20/run'))
+    before = sorted(memory_fs.find('/hookloop-i20/run'))
+    assert any(name.endswith('.pth') for name in before)
+    with pytest.raises(ConfigError, match=r'has "\." or "\.\." in its path.*literal'):
+        make_trainer('memory://hookloop-i20/x/../run', resume_from='auto')
+    assert sorted(memory_fs.find('/hookloop-i20/run')) == before
+    memory_fs.pipe_file('/hookloop-i20/a/last_checkpoint', b'../run/iter_2.pth')
+    from hookloop.checkpoint import read_pointer
+    from hookloop.errors import CheckpointError
+    with pytest.raises(CheckpointError, match='segments: refusing it'):
+        read_pointer('memory://hookloop-i20/a')
+    del other
