@@ -190,7 +190,7 @@ def verify_checksum(path):
     if not storage.isfile(sidecar):
         return False
     try:
-        expected = storage.read_bytes(sidecar).split()[0].decode('ascii')
+        expected = storage.read_bytes(sidecar).split()[0].decode('ascii').lower()  # sha256sum accepts upper case
     except (OSError, IndexError, UnicodeDecodeError):
         raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
     if file_checksum(path) != expected:

@@ -14,6 +14,7 @@ from . import storage
 from .checkpoint import CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, load_checkpoint, read_pointer
 from .errors import CheckpointError
 from .fsdp import is_sharded_checkpoint, verify_sharded
+from .integrity import require_sidecar
 
 _POSITION = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
 
@@ -23,7 +24,9 @@ def load_verified(path, map_location='cpu'):
     checksums verified; CheckpointError when it is damaged or not a checkpoint."""
     if is_sharded_checkpoint(path):
         return verify_sharded(path)
-    return load_checkpoint(path, map_location=map_location)
+    checkpoint = load_checkpoint(path, map_location=map_location)
+    require_sidecar(path, checkpoint)  # a hookloop checkpoint without its digest is not trusted
+    return checkpoint
 
 
 def _position(path, iters_per_epoch):

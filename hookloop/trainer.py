@@ -812,7 +812,7 @@ class Trainer:
             checkpoint = load_sharded(path, self.model, self.optimizer, hook_states)
         else:
             if checkpoint is None:
-                checkpoint = load_checkpoint(path, map_location=self.device)
+                checkpoint = load_verified(path, map_location=self.device)
             check_resumable(path, checkpoint)
             restart = self._check_epoch_length(checkpoint['meta'], path)
             try:
