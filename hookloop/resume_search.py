@@ -2,16 +2,20 @@
 
 The pointer's target is tried first; when it is damaged (zero bytes, truncated, a flipped
 byte, missing), the other checkpoints of the work dir are tried from the newest back.
-Every skipped file is logged with the reason and left where it is: damaged files are
-evidence, and deleting them is the user's call. The work dir may be an fsspec URL: the
-candidates are listed and read through :mod:`hookloop.storage`.
+Every skipped file is logged with the reason and renamed aside (``iter_9.pth.damaged``, its
+sidecar with it) by rank 0, never deleted: damaged files are evidence, and the resumed run
+would otherwise overwrite them under the same name. Symbolic links (and anything whose real
+path lies outside the directory listed) are not candidates: the walk-back never continues
+another run's lineage. The work dir may be an fsspec URL: the candidates are listed and read
+through :mod:`hookloop.storage`.
 """
 import os
 import re
 
 from . import storage
 
-from .checkpoint import CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, load_checkpoint, read_pointer
+from .checkpoint import (CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, checksum_path, inside, load_checkpoint,
+                         read_pointer)
 from .errors import CheckpointError
 from .fsdp import is_sharded_checkpoint, verify_sharded
 from .integrity import require_sidecar
@@ -47,17 +51,44 @@ def checkpoints_in(directories):
             continue
         for name in sorted(storage.listdir(directory)):
             path = storage.join(directory, name)
-            if name.startswith('.') or name.endswith((TMP_SUFFIX, CHECKSUM_SUFFIX)) or name == POINTER_NAME:
+            if name.startswith('.') or name.endswith((TMP_SUFFIX, CHECKSUM_SUFFIX)) or name == POINTER_NAME \
+                    or '.damaged' in name:
                 continue
             if storage.is_url(path):  # sharded checkpoints are local-only
                 if name.endswith('.pth') and storage.isfile(path):
                     found.append(path)
+            elif os.path.islink(path) or not inside(path, directory):
+                continue  # iter_9.pth -> ../other/iter_5.pth would continue another run's lineage
             elif (name.endswith('.pth') and os.path.isfile(path)) or is_sharded_checkpoint(path):
                 found.append(path)
     return found
 
 
-def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location='cpu'):
+DAMAGED_SUFFIX = '.damaged'
+
+
+def set_aside(path):
+    """Rename a damaged checkpoint (and its sidecar) to ``<name>.damaged`` (``.damaged.1``, ...
+    when taken); returns the new name, or None when it could not be renamed."""
+    for n in range(100):
+        target = path + DAMAGED_SUFFIX + (f'.{n}' if n else '')
+        if not storage.exists(target):
+            break
+    else:
+        return None
+    try:
+        if storage.is_url(path):
+            storage.move(path, target)
+        else:
+            os.rename(path, target)
+        if storage.exists(checksum_path(path)):
+            (storage.move if storage.is_url(path) else os.rename)(checksum_path(path), checksum_path(target))
+    except OSError:
+        return None
+    return target
+
+
+def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location='cpu', rename_damaged=False):
     """``(path, checkpoint)`` of the newest good checkpoint, or ``None`` when the work dir
     has no checkpoint at all. CheckpointError when checkpoints exist but none is usable, or
     when the pointer names a path outside the work dir and ``directories``."""
@@ -81,7 +112,8 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
         try:
             checkpoint = load_verified(path, map_location)
         except CheckpointError as exc:
-            skipped.append((path, str(exc)))
+            moved = set_aside(path) if rename_damaged else None
+            skipped.append((path, str(exc) + (f' (renamed to {storage.basename(moved)})' if moved else '')))
             continue
         meta = checkpoint.get('meta')
         if not isinstance(meta, dict) or not all(isinstance(meta.get(k), int) for k in ('epoch', 'iter', 'inner_iter')):

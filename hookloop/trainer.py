@@ -772,11 +772,11 @@ class Trainer:
 
         ``resume_from=PATH``: that checkpoint, verified (a damaged one is one clear error).
         ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
-        ones are skipped (logged) and left in place."""
+        ones are skipped (logged) and renamed aside (``<name>.damaged``)."""
         path = self.resume_from
         if path == 'auto' or (path is None and self.auto_resume):
             found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
-                                   map_location=self.device)
+                                   map_location=self.device, rename_damaged=self.rank == 0)
             if found is None:
                 self.logger.info('no checkpoint in %s: starting a new run', self.storage_dir)
                 return None, None

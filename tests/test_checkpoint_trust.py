@@ -189,7 +189,7 @@ def test_damaged_pointer_is_survived_and_damaged_checkpoints_are_kept(tmp_path):
     trainer = make_trainer(work_dir, epochs=1, resume_from='auto')  # 6 iterations done of 5: complete
     trainer.train()
     trainer.close()
-    assert (work_dir / 'iter_7.pth').exists()  # left for the user to look at
+    assert (work_dir / 'iter_7.pth.damaged').exists()  # set aside for the user to look at
     with pytest.raises(CheckpointError, match='not UTF-8'):
         read_pointer(work_dir)
 

@@ -13,10 +13,10 @@ from hookloop.errors import ConfigError, HookloopError
 from hookloop.work_dir_lock import LOCK_NAME, WorkDirLock
 
 
-def make_trainer(work_dir, hooks=(), **kwargs):
+def make_trainer(work_dir, hooks=(), epochs=2, **kwargs):
     torch.manual_seed(0)
     loader = DataLoader(regression_data(), batch_size=8)
-    return Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=loader, max_epochs=1,
+    return Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=loader, max_epochs=epochs,
                    work_dir=work_dir, seed=0, device='cpu', log_config=dict(interval=100),
                    checkpoint_config=dict(interval=2, by_epoch=False), custom_hooks=list(hooks), **kwargs)
 
@@ -124,3 +124,41 @@ def test_a_url_work_dir_with_dot_dot_never_reaches_another_runs_keys(tmp_path, m
     with pytest.raises(CheckpointError, match='segments: refusing it'):
         read_pointer('memory://hookloop-i20/a')
     del other
+
+
+# -- 7. the walk-back stays in the work dir and keeps the evidence ------------------------------
+
+class StopAt(Hook):
+    def __init__(self, at):
+        self.at = at
+
+    def after_train_iter(self, trainer):
+        if trainer.iter == self.at:
+            trainer.request_stop(f'test stop at {self.at}')
+
+
+def test_walk_back_follows_no_symlink_into_another_run(tmp_path):
+    train(make_trainer(tmp_path / 'other', epochs=1, hooks=[StopAt(4)]))  # other/iter_4.pth
+    work_dir = tmp_path / 'run'
+    train(make_trainer(work_dir, hooks=[StopAt(1)]))  # run/iter_2.pth
+    os.symlink('../other/iter_4.pth', work_dir / 'iter_9.pth')
+    import shutil
+    shutil.copy(tmp_path / 'other' / 'iter_4.pth.sha256', work_dir / 'iter_9.pth.sha256')  # a valid sidecar
+    (work_dir / 'iter_2.pth').write_bytes(b'')  # the run's own latest is damaged: walk back
+    os.remove(work_dir / 'last_checkpoint')
+    from hookloop.errors import CheckpointError
+    with pytest.raises(CheckpointError, match='no usable checkpoint') as info:
+        train(make_trainer(work_dir, resume_from='auto'))
+    assert 'iter_9' not in str(info.value)
+
+
+def test_a_damaged_checkpoint_is_renamed_aside_before_the_resumed_run_reuses_its_name(tmp_path):
+    work_dir = tmp_path / 'run'
+    train(make_trainer(work_dir, hooks=[StopAt(3)]))  # iter_2.pth, iter_4.pth
+    damaged = (work_dir / 'iter_4.pth').read_bytes()[:-100]
+    (work_dir / 'iter_4.pth').write_bytes(damaged)
+    resumed = train(make_trainer(work_dir, resume_from='auto'))
+    assert resumed.resumed_from == str(work_dir / 'iter_2.pth')
+    assert (work_dir / 'iter_4.pth.damaged').read_bytes() == damaged  # the evidence, byte for byte
+    assert (work_dir / 'iter_4.pth.damaged.sha256').exists()
+    assert (work_dir / 'iter_4.pth').read_bytes() != damaged  # the resumed run wrote its own iter_4
