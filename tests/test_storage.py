@@ -200,7 +200,7 @@ def test_memory_sidecars_relative_pointer_and_walk_back(tmp_path, monkeypatch, m
 
 def test_url_pointer_outside_the_storage_dir_is_refused(memory_fs):
     memory_fs.pipe_file('/hookloop-test/a/last_checkpoint', b'../b/iter_1.pth')
-    with pytest.raises(CheckpointError, match='outside the work dir'):
+    with pytest.raises(CheckpointError, match=r'"\.\." segments: refusing it'):  # keys are literal: never folded
         read_pointer('memory://hookloop-test/a')
     memory_fs.pipe_file('/hookloop-test/a/last_checkpoint', b'memory://hookloop-test/ab/iter_1.pth')
     with pytest.raises(CheckpointError, match='outside the work dir'):
