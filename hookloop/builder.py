@@ -41,6 +41,7 @@ def build_optimizer(optimizer, model):
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ConfigError('the model has no trainable parameters for the optimizer')
+        _check_numbers(optimizer)
         try:
             return OPTIMIZERS.build(optimizer, params=params)
         except ValueError as exc:  # torch's own checks: "Invalid learning rate: -1", ...
@@ -48,6 +49,28 @@ def build_optimizer(optimizer, model):
                 raise
             raise ConfigError(f'optimizer {optimizer.get("type")!r}: {exc}') from None
     raise ConfigError(f'optimizer must be a torch.optim.Optimizer or a config dict, got {type(optimizer).__name__}')
+
+
+def _check_numbers(cfg):
+    """A ConfigError naming the argument when a value is not a number where the optimizer's
+    default is one (``lr='fast'``), instead of torch's comparison error (``'<' not supported``)."""
+    import inspect
+    kind = cfg.get('type')
+    target = OPTIMIZERS.get(kind) if isinstance(kind, str) and kind in OPTIMIZERS else kind
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return
+    for key, value in cfg.items():
+        default = parameters[key].default if key in parameters else None
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool) or key == 'lr'
+        if numeric and (isinstance(value, bool) or not isinstance(value, (int, float, torch.Tensor))) and not (
+                value is None and key != 'lr'):  # a custom optimizer may take None for "off"
+            raise ConfigError(f'optimizer {kind!r}: {key} must be a number, got {value!r}')
+        if isinstance(default, tuple) and all(isinstance(x, (int, float)) for x in default) and not (
+                isinstance(value, (tuple, list)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                         for x in value)):
+            raise ConfigError(f'optimizer {kind!r}: {key} must be a tuple of numbers like {default!r}, got {value!r}')
 
 
 def build_dataset(dataset):

@@ -104,6 +104,10 @@ def write_checksum(path, digest):
     commit(write_temporary(checksum_path(path), lambda f: f.write(line)), checksum_path(path))
 
 
+class DirectorySyncError(CheckpointError):
+    """The rename succeeded (the new file is in place) but the directory's fsync failed."""
+
+
 def commit(tmp_path, path):
     """Rename the finished temporary over ``path`` (atomic on POSIX) and fsync the directory.
     For a URL the temporary object is moved to ``path`` (see :mod:`hookloop.storage`)."""
@@ -119,7 +123,11 @@ def commit(tmp_path, path):
     except BaseException:
         discard(tmp_path)
         raise
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    try:
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    except OSError as exc:  # after the rename: the new file is in place, not the previous one
+        raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
+                              f'({_reason(exc)}): it may not survive a crash of the machine') from exc
 
 
 def atomic_write(path, write):
@@ -135,12 +143,18 @@ def save_checkpoint(checkpoint, path):
     is kept)."""
     try:
         tmp_path = write_temporary(path, lambda f: torch.save(checkpoint, f))
+        synced = None
         try:
             write_checksum(path, file_checksum(tmp_path))
+        except DirectorySyncError as exc:  # the new sidecar is in place: the checkpoint must join it
+            synced = exc
         except BaseException:
             discard(tmp_path)
             raise
         commit(tmp_path, path)
+        if synced is not None:
+            raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
+                                     f'({_reason(synced.__cause__)}): it may not survive a crash of the machine')
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
         reason = _reason(exc)
         if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):

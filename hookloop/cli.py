@@ -46,6 +46,8 @@ def hooks_of_config(path, cfg_options=None):
         cfg, _ = translate(cfg, Trainer, build_data=False)
     imports = cfg.get('custom_imports') or []
     for module in [imports] if isinstance(imports, str) else imports:  # they may register hooks
+        if not isinstance(module, str):
+            raise ConfigError(f'custom_imports must be module names (strings), got {module!r}')
         try:
             importlib.import_module(module)
         except ImportError as exc:

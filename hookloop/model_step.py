@@ -129,10 +129,11 @@ def val_forward(wrapped_model, model, batch, evaluator):
     return wrapped_model(batch, return_loss=False)
 
 
-def check_losses(outputs, iteration):
+def check_losses(outputs, iteration, backward=False):
     """The ``'loss'`` output (what is back-propagated by default) must be a one-element
     tensor; other ``loss*`` terms follow MMCV's rule (reduced by their mean) and are not
-    checked here. Shape and type only: no device sync."""
+    checked here. Shape and type only: no device sync. With ``backward`` (the run has an
+    optimizer) a plain Python number is refused too: it carries no gradient."""
     for key, value in outputs.items():
         if key != 'loss':
             continue
@@ -141,6 +142,10 @@ def check_losses(outputs, iteration):
                 raise ConfigError(f'the model output {key!r} at iteration {iteration} is a tensor of shape '
                                   f'{tuple(value.shape)}, not a scalar; reduce it (e.g. .mean()) in the model '
                                   'or loss_fn')
+        elif backward and isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ConfigError(f'the model output {key!r} at iteration {iteration} is a Python {type(value).__name__} '
+                              f'({value!r}), which carries no gradient to back-propagate; return the loss as a '
+                              'tensor (do not call .item() on it)')
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f'the model output {key!r} at iteration {iteration} is a {type(value).__name__}, '
                               'not a scalar tensor')

@@ -43,6 +43,7 @@ from .registry import TRAINERS
 from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
                              describe)
 from .resume_search import find_resumable, load_verified
+from .restore_checks import check_optimizer_fits
 from .step import StepState
 from .train_stream import TrainStream, dataset_name
 from .trained_state import frozen_meta, load_trained_state, trained_state_dict
@@ -142,7 +143,12 @@ class Trainer:
             for note in notes:
                 self.logger.info(note)
             return
-        for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
+        modules = [custom_imports] if isinstance(custom_imports, str) else custom_imports or []
+        if not isinstance(modules, (list, tuple)):
+            raise ConfigError(f'custom_imports must be a module name or a list of them, got {custom_imports!r}')
+        for module in modules:
+            if not isinstance(module, str):
+                raise ConfigError(f'custom_imports must be module names (strings), got {module!r}')
             try:
                 importlib.import_module(module)
             except ImportError as exc:
@@ -626,7 +632,7 @@ class Trainer:
             self._losses.append(outputs.detach())
             return {'loss': outputs}
         outputs, terms = sum_loss_terms(as_outputs(outputs))
-        check_losses(outputs, self.iter)
+        check_losses(outputs, self.iter, backward=self.optimizer is not None)
         self._losses.collect()  # keep the order of 'loss' values
         self.meters.update_dict(terms)
         return outputs
@@ -822,6 +828,7 @@ class Trainer:
                 else:
                     self.model.load_state_dict(checkpoint['state_dict'])
                 if 'optimizer' in checkpoint and self.optimizer is not None:
+                    check_optimizer_fits(self.optimizer, checkpoint['optimizer'], path)
                     self.optimizer.load_state_dict(checkpoint['optimizer'])
             except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])

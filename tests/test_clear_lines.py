@@ -1,0 +1,73 @@
+"""Clear lines instead of tracebacks (issue 20, item 8), and warnings for silent surprises (item 9)."""
+import errno
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from conftest import Regressor, regression_data
+from conftest import train_and_close as train
+from hookloop import Trainer
+from hookloop.checkpoint import save_checkpoint
+from hookloop.errors import CheckpointError, ConfigError
+
+
+def make_trainer(work_dir, model=None, optimizer=None, **kwargs):
+    torch.manual_seed(0)
+    loader = DataLoader(regression_data(), batch_size=8)
+    return Trainer(model or Regressor(), optimizer=optimizer or dict(type='SGD', lr=0.05, momentum=0.9),
+                   train_dataloader=loader, max_epochs=kwargs.pop('epochs', 1), work_dir=work_dir, seed=0,
+                   device='cpu', log_config=dict(interval=100), checkpoint_config=dict(interval=1), **kwargs)
+
+
+def test_eio_on_the_directory_fsync_does_not_claim_the_previous_file_is_kept(tmp_path, monkeypatch):
+    import hookloop.checkpoint as checkpoint
+    path = tmp_path / 'c.pth'
+    save_checkpoint({'a': 1}, str(path))
+    real_fsync = os.fsync
+
+    def failing(fd):
+        if os.path.isdir(f'/proc/self/fd/{fd}'):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fsync(fd)
+    monkeypatch.setattr(checkpoint.os, 'fsync', failing)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint({'a': 2}, str(path))
+    message = str(info.value)
+    assert 'previous checkpoint is kept' not in message and 'renamed into place' in message
+    assert 'Input/output error' in message
+    assert torch.load(path, weights_only=True) == {'a': 2}
+
+
+def test_an_adam_checkpoint_resumed_into_sgd_is_one_line_before_any_step(tmp_path):
+    train(make_trainer(tmp_path / 'adam', optimizer=dict(type='Adam', lr=0.01)))
+    sgd = make_trainer(tmp_path / 'sgd', epochs=2, resume_from=str(tmp_path / 'adam' / 'epoch_1.pth'))
+    with pytest.raises(CheckpointError, match=r"another kind of optimizer than this run's SGD.*momentum"):
+        train(sgd)
+
+
+class FloatLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x, y):
+        return {'loss': float(((self.linear(x) - y) ** 2).mean())}
+
+
+def test_a_float_loss_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"'loss' at iteration 0 is a Python float .* carries no gradient"):
+        train(make_trainer(tmp_path / 'run', model=FloatLoss()))
+
+
+@pytest.mark.parametrize('value', [[1], 5, [None]])
+def test_custom_imports_that_are_not_names_are_one_line(tmp_path, value):
+    with pytest.raises(ConfigError, match='custom_imports must be'):
+        make_trainer(tmp_path / 'run', custom_imports=value)
+
+
+def test_a_string_lr_names_lr(tmp_path):
+    with pytest.raises(ConfigError, match=r"optimizer 'SGD': lr must be a number, got 'fast'"):
+        make_trainer(tmp_path / 'run', optimizer=dict(type='SGD', lr='fast'))
