@@ -156,7 +156,9 @@ def save_checkpoint(checkpoint, path):
             raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
                                      f'({_reason(synced.__cause__)}): it may not survive a crash of the machine')
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
-        reason = _reason(exc)
+        # ("enforce fail ... unexpected pos"), with the file's OSError (ENOSPC, EIO) as its context
+        reason = _reason(exc.__context__ if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError)
+                         else exc)
         if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):
             reason = os.strerror(errno.ENOSPC)
         raise CheckpointError(f'could not write checkpoint {path}: {reason}; '

@@ -71,3 +71,35 @@ def test_custom_imports_that_are_not_names_are_one_line(tmp_path, value):
 def test_a_string_lr_names_lr(tmp_path):
     with pytest.raises(ConfigError, match=r"optimizer 'SGD': lr must be a number, got 'fast'"):
         make_trainer(tmp_path / 'run', optimizer=dict(type='SGD', lr='fast'))
+
+
+def test_a_full_disk_says_no_space_left(tmp_path, monkeypatch):
+    """torch's zip writer turns the file's ENOSPC into "enforce fail ... unexpected pos"."""
+    import io
+    real_fdopen = os.fdopen
+
+    class Full(io.RawIOBase):
+        def __init__(self, file):
+            self.file, self.written = file, 0
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.file.write(data)
+
+        def fileno(self):
+            return self.file.fileno()
+
+        def close(self):
+            self.file.close()
+
+    monkeypatch.setattr(os, 'fdopen', lambda fd, mode='r', *a, **k: Full(real_fdopen(fd, mode, *a, **k)))
+    with pytest.raises(CheckpointError, match='No space left on device; the previous checkpoint is kept') as info:
+        save_checkpoint({'w': torch.zeros(10000)}, str(tmp_path / 'c.pth'))
+    assert 'enforce fail' not in str(info.value)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == []  # the temporary is gone
