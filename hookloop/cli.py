@@ -65,6 +65,10 @@ def hooks_of_config(path, cfg_options=None):
 def _train(args):
     extra = {'profile_hooks': True} if args.profile_hooks else {}
     trainer = build_from_config(args.config, args.cfg_options, args.work_dir, args.resume, **extra)
+    if str(trainer.storage_dir).startswith('memory://'):
+        trainer.logger.warning('work dir %s is in this process\'s memory: its checkpoints are lost when '
+                               '`hookloop train` exits (and cannot be resumed); give a local path or a bucket URL',
+                               trainer.storage_dir)
     try:
         trainer.train()
     finally:

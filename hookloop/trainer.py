@@ -862,6 +862,9 @@ class Trainer:
             except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
                 raise CheckpointError(f'{path!r} is damaged: its "rng" entry cannot be restored '
                                       f'({type(exc).__name__}: {exc})') from None
+        else:
+            self.logger.warning('%s has no "rng" entry (random generator states): the resumed run continues with '
+                                'fresh random numbers, so it will not repeat an uninterrupted run exactly', path)
         self.resumed_from = storage.normalize(path)
         self.call_hook('after_load_checkpoint', checkpoint)
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,

@@ -103,3 +103,30 @@ def test_a_full_disk_says_no_space_left(tmp_path, monkeypatch):
     assert 'enforce fail' not in str(info.value)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == []  # the temporary is gone
+
+
+# -- item 9: silent surprises get a warning ------------------------------------------------------
+
+def test_a_checkpoint_without_rng_resumes_with_a_warning(tmp_path, capsys):
+    from hookloop.checkpoint import load_checkpoint
+    train(make_trainer(tmp_path / 'src'))
+    checkpoint = load_checkpoint(str(tmp_path / 'src' / 'epoch_1.pth'))
+    del checkpoint['rng']
+    save_checkpoint(checkpoint, str(tmp_path / 'norng.pth'))
+    capsys.readouterr()
+    train(make_trainer(tmp_path / 'dst', epochs=2, resume_from=str(tmp_path / 'norng.pth')))
+    assert 'has no "rng" entry' in capsys.readouterr().out
+
+
+def test_a_memory_work_dir_from_the_cli_warns_that_it_is_lost(tmp_path, capsys):
+    from hookloop.cli import main
+    config = tmp_path / 'cfg.py'
+    config.write_text("custom_imports = ['hookloop.examples.digits']\nmodel = dict(type='DigitsMLP', hidden=8)\n"
+                      "train_dataloader = dict(dataset=dict(type='DigitsDataset', split='train'), batch_size=512)\n"
+                      "optimizer = dict(type='SGD', lr=0.1)\nmax_iters = 1\ndevice = 'cpu'\nseed = 0\n")
+    assert main(['train', str(config), '--work-dir', 'memory://hookloop-i20-cli/run']) == 0
+    assert "in this process's memory: its checkpoints are lost" in capsys.readouterr().out
+    import fsspec
+    fs = fsspec.filesystem('memory')
+    if fs.exists('/hookloop-i20-cli'):
+        fs.rm('/hookloop-i20-cli', recursive=True)
