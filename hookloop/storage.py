@@ -14,9 +14,35 @@ import os
 import posixpath
 import uuid
 
-from .errors import ConfigError
+import functools
+
+from .errors import CheckpointError, ConfigError
 
 TMP_SUFFIX = '.tmp'
+# Packages whose own exception classes an fsspec filesystem lets through (botocore's
+# EndpointConnectionError when the S3 server goes away, ...): turned into StorageError.
+_CLIENT_PACKAGES = ('botocore', 'aiobotocore', 'aiohttp', 'urllib3', 'requests', 'google', 'gcsfs', 's3fs',
+                    'adlfs', 'azure', 'fsspec')
+
+
+class StorageError(CheckpointError, OSError):
+    """The store behind a URL failed (unreachable, refused): one line, and an OSError, so a
+    save reports it like a local I/O error (the previous checkpoint is kept)."""
+
+
+def _store_errors(function):
+    """Re-raise a storage client's own exception as a one-line :class:`StorageError`."""
+    @functools.wraps(function)
+    def call(path, *args, **kwargs):
+        try:
+            return function(path, *args, **kwargs)
+        except Exception as exc:
+            package = type(exc).__module__.split('.')[0]
+            if isinstance(exc, (OSError, CheckpointError, ConfigError)) or package not in _CLIENT_PACKAGES:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(f'storage {path!r} failed: {first} ({type(exc).__name__})') from exc
+    return call
 
 
 def is_url(path):
@@ -97,6 +123,7 @@ def normalize(path):
     return path.rstrip('/') if is_url(path) else os.path.abspath(path)
 
 
+@_store_errors
 def makedirs(path):
     if not is_url(path):
         os.makedirs(path, exist_ok=True)
@@ -105,6 +132,7 @@ def makedirs(path):
     fs.makedirs(inner, exist_ok=True)
 
 
+@_store_errors
 def _test(path, local_test, remote_test):
     """``local_test(path)`` for a local path; for a URL the filesystem's own test, on a fresh
     listing (another process may have written there since we last listed)."""
@@ -127,6 +155,7 @@ def isdir(path):
     return _test(path, os.path.isdir, 'isdir')
 
 
+@_store_errors
 def read_bytes(path):
     if not is_url(path):
         with open(path, 'rb') as f:
@@ -139,6 +168,7 @@ def basename(path):
     return posixpath.basename(path.rstrip('/')) if is_url(path) else os.path.basename(path)
 
 
+@_store_errors
 def size(path):
     if not is_url(path):
         return os.path.getsize(path)
@@ -146,6 +176,7 @@ def size(path):
     return fs.size(inner)
 
 
+@_store_errors
 def open_read(path):
     """A binary file object for reading ``path``."""
     if not is_url(path):
@@ -154,6 +185,7 @@ def open_read(path):
     return fs.open(inner, 'rb')
 
 
+@_store_errors
 def listdir(path):
     """Names (not paths) of the entries directly under ``path``; [] when it does not exist."""
     if not is_url(path):
@@ -167,6 +199,7 @@ def listdir(path):
     return [posixpath.basename(e.rstrip('/')) for e in entries if e.rstrip('/') != inner.rstrip('/')]
 
 
+@_store_errors
 def mtime(path):
     """Modification time in seconds, 0 when the store does not say."""
     if not is_url(path):
@@ -189,6 +222,7 @@ def remove_quietly(url):
         pass
 
 
+@_store_errors
 def write_temporary_url(url, write):
     """Call ``write(file)`` on a new temporary object ``.<name>.<random>.tmp`` beside ``url``
     and return the temporary's URL (to :func:`move` into place). On error it is removed."""
@@ -205,6 +239,7 @@ def write_temporary_url(url, write):
     return tmp_url
 
 
+@_store_errors
 def move(source_url, target_url):
     """Move (copy, on an object store) ``source_url`` to ``target_url``."""
     fs, source = filesystem(source_url)
@@ -213,12 +248,14 @@ def move(source_url, target_url):
     fs.invalidate_cache(posixpath.dirname(target.rstrip('/')))
 
 
+@_store_errors
 def remove(path):
     """Delete a file or a directory tree."""
     fs, inner = filesystem(path)
     fs.rm(inner, recursive=True)
 
 
+@_store_errors
 def write_atomic_url(url, write):
     """Call ``write(file)`` on a temporary object beside ``url``, then move it to ``url``.
     On any error the temporary object is removed and ``url`` is untouched."""
@@ -239,6 +276,7 @@ def write_atomic_url(url, write):
     fs.invalidate_cache(directory)
 
 
+@_store_errors
 def remove_stale_temporaries_url(url):
     """Delete ``.<name>.<random>.tmp`` objects a killed writer left under ``url``."""
     fs, inner = filesystem(url)
@@ -281,6 +319,7 @@ def local_mirror(url):
     return os.path.join(base, digest)
 
 
+@_store_errors
 def upload_tree(local_dir, url):
     """Copy the files under ``local_dir`` to ``url`` (logs at the end of a run)."""
     fs, inner = filesystem(url)

@@ -130,3 +130,29 @@ def test_a_memory_work_dir_from_the_cli_warns_that_it_is_lost(tmp_path, capsys):
     fs = fsspec.filesystem('memory')
     if fs.exists('/hookloop-i20-cli'):
         fs.rm('/hookloop-i20-cli', recursive=True)
+
+
+def test_the_store_going_away_is_one_line(tmp_path, monkeypatch):
+    """botocore's EndpointConnectionError (the S3 server gone) came through as a traceback."""
+    botocore = pytest.importorskip('botocore.exceptions')
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+    url = 'memory://hookloop-i20-gone/run'
+    trainer = make_trainer(url, epochs=2)
+
+    def gone(*args, **kwargs):
+        raise botocore.EndpointConnectionError(endpoint_url='http://127.0.0.1:9')
+    monkeypatch.setattr(MemoryFileSystem, '_open', gone)
+    try:
+        with pytest.raises(CheckpointError, match=r'could not write checkpoint .*Could not connect to the endpoint') \
+                as info:
+            train(trainer)
+        assert '\n' not in str(info.value)
+        monkeypatch.setattr(MemoryFileSystem, 'exists', gone)
+        with pytest.raises(CheckpointError, match=r"storage .* failed: Could not connect"):
+            train(make_trainer(url, resume_from='auto'))
+    finally:
+        monkeypatch.undo()
+        fs = fsspec.filesystem('memory')
+        if fs.exists('/hookloop-i20-gone'):
+            fs.rm('/hookloop-i20-gone', recursive=True)
