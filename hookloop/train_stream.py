@@ -41,6 +41,26 @@ def _one_line(exc):
     return detail if detail.startswith(name + ':') else f'{name}: {detail}' if detail else name
 
 
+def _failing_sample(loader, batch_number):
+    """`` (dataset index N)``: the first sample of the failed batch that raises when read again
+    in this process (map-style data with hookloop's batch sampler only; '' otherwise). Runs
+    only after an error, so the loop pays nothing for it."""
+    from .data import ResumableBatchSampler
+    sampler, dataset = getattr(loader, 'batch_sampler', None), getattr(loader, 'dataset', None)
+    if not isinstance(sampler, ResumableBatchSampler) or not hasattr(dataset, '__getitem__'):
+        return ''
+    try:
+        batch = sampler.indices()[batch_number * sampler.batch_size:(batch_number + 1) * sampler.batch_size]
+    except Exception:  # noqa: BLE001 - a best-effort detail of an error message
+        return ''
+    for index in batch:
+        try:
+            dataset[index]
+        except Exception:  # noqa: BLE001
+            return f' (dataset index {int(index)})'
+    return ''
+
+
 @contextlib.contextmanager
 def _global_rng_untouched():
     """Creating an iterator draws worker seeds from the global RNG, and fast-forwarding may
@@ -98,7 +118,8 @@ class TrainStream:
                 continue
             except Exception as exc:
                 raise DataError(f'{self.name}: {dataset_name(self.loader)} raised while loading batch '
-                                f'{self.batches_in_pass} of pass {self.pass_index}: {_one_line(exc)}') from exc
+                                f'{self.batches_in_pass}{_failing_sample(self.loader, self.batches_in_pass)} of pass '
+                                f'{self.pass_index}: {_one_line(exc)}') from exc
             self.batches_in_pass += 1
             self._restored = False
             return batch

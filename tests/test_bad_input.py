@@ -72,7 +72,7 @@ def test_dataset_error_is_one_line_naming_the_dataset_and_batch(tmp_path, capsys
                         "train_dataloader.dataset={'type':'BrokenAt','bad':5}", 'train_dataloader.shuffle=False',
                         'train_dataloader.batch_size=4')
     assert code == 1 and len(err.splitlines()) == 1, err
-    assert 'BrokenAt raised while loading batch 1' in err and "sample 5 is broken" in err, err
+    assert 'BrokenAt raised while loading batch 1 (dataset index 5)' in err and "sample 5 is broken" in err, err
 
 
 def test_hook_error_keeps_traceback_under_a_line_naming_hook_and_stage(tmp_path, capsys, config):
