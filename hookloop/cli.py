@@ -72,8 +72,22 @@ def _train(args):
     try:
         trainer.train()
     finally:
+        reason = str(trainer.stop_reason or '')
+        if reason.startswith('received SIG') or reason == 'another rank received a signal':
+            _signals_end_the_process()
         trainer.close()
     return 0
+
+
+def _signals_end_the_process():
+    """After a run stopped on a signal (its checkpoint saved), another SIGINT/SIGTERM ends the
+    process at once and quietly, as the first one asked, not with a KeyboardInterrupt
+    traceback from wherever the interpreter is (an exit handler, say)."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def _hooks(args):

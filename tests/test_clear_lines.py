@@ -156,3 +156,35 @@ def test_the_store_going_away_is_one_line(tmp_path, monkeypatch):
         fs = fsspec.filesystem('memory')
         if fs.exists('/hookloop-i20-gone'):
             fs.rm('/hookloop-i20-gone', recursive=True)
+
+
+SIGNAL_HOOK = '''
+import atexit, os, signal
+from hookloop import Hook
+from hookloop.registry import HOOKS
+
+@HOOKS.register_module()
+class SignalTwice(Hook):
+    """SIGINT at iteration 2 (the preemption save follows), then again at exit."""
+    def after_train_iter(self, trainer):
+        if trainer.iter == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+    def after_run(self, trainer):
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))
+'''
+
+
+def test_a_second_sigint_after_the_preempt_save_prints_no_keyboard_interrupt(tmp_path):
+    import subprocess
+    import sys
+    (tmp_path / 'signal_twice.py').write_text(SIGNAL_HOOK)
+    (tmp_path / 'cfg.py').write_text(
+        "custom_imports = ['hookloop.examples.digits', 'signal_twice']\nmodel = dict(type='DigitsMLP', hidden=8)\n"
+        "train_dataloader = dict(dataset=dict(type='DigitsDataset', split='train'), batch_size=64)\n"
+        "optimizer = dict(type='SGD', lr=0.1)\nmax_iters = 20\ndevice = 'cpu'\nseed = 0\n"
+        "custom_hooks = [dict(type='PreemptionHook'), dict(type='SignalTwice', priority='LOWEST')]\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get('PYTHONPATH', '')]))
+    done = subprocess.run([sys.executable, '-m', 'hookloop', 'train', str(tmp_path / 'cfg.py'), '--work-dir',
+                           str(tmp_path / 'run')], env=env, capture_output=True, text=True, timeout=120)
+    assert 'KeyboardInterrupt' not in done.stderr and 'Traceback' not in done.stderr, done.stderr
+    assert (tmp_path / 'run' / 'preempt_iter_3.pth').exists()
