@@ -410,3 +410,47 @@ def test_fuzz_dcp_metadata(config, tmp_path, monkeypatch):
         assert sum(reads) <= 2 * size, case
         shutil.rmtree(path)
     assert outcomes['refused'] > 20 and outcomes['loaded'] > 0, outcomes
+
+
+def test_fuzz_build_states_on_allowed_classes_change_no_process_state(tmp_path):
+    """Random ``GLOBAL``/``REDUCE``/``NEWOBJ`` + ``BUILD`` pickles over every allowed name: each
+    is refused in one line (or is not metadata), and no allowed class, enum member or dtype
+    gains or changes an attribute."""
+    import random
+    from hookloop.dcp_metadata import _ALLOWED
+    rng = random.Random(6)
+    names = [(m, n) for m, ns in _ALLOWED.items() for n in sorted(ns)] + [('torch', 'float32'), ('torch', 'strided')]
+    import importlib
+    objects = [getattr(importlib.import_module(m), n) for m, n in names]
+    before = [dict(vars(o)) if hasattr(o, '__dict__') else None for o in objects]
+    float32_repr = repr(torch.float32)
+    for case in range(300):
+        module, name = rng.choice(names)
+        head = b'\x80\x02c' + module.encode() + b'\n' + name.encode() + b'\n'
+        how = rng.randrange(3)
+        if how == 1:  # call it with no arguments
+            head += b')R'
+        elif how == 2:  # cls.__new__(cls)
+            head += b')\x81'
+        key = rng.choice([b'__class__', b'__dict__', b'value', b'fqn', b'size', b'__setstate__', b'x', b'_name_'])
+        state = rng.choice([b'}X' + len(key).to_bytes(4, 'little') + key + b'K\x01s',  # {key: 1}
+                            b'NX' + len(key).to_bytes(4, 'little') + key + b'K\x01\x86',  # a bare tuple
+                            b'N}X' + len(key).to_bytes(4, 'little') + key + b'K\x01s\x86'])  # (None, {key: 1})
+        data = head + state + b'b.'
+        try:
+            RestrictedMetadataUnpickler_load(data)
+        except CheckpointError as exc:
+            assert '\n' not in str(exc)
+        except Exception as exc:  # noqa: BLE001
+            raise AssertionError(f'case {case}: {type(exc).__name__}: {exc}') from None
+    after = [dict(vars(o)) if hasattr(o, '__dict__') else None for o in objects]
+    assert before == after and repr(torch.float32) == float32_repr
+
+
+def RestrictedMetadataUnpickler_load(data):
+    """As read_dcp_metadata: the restricted unpickler, then anything that fails is one line."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, METADATA_FILE), 'wb') as f:
+            f.write(data)
+        return read_dcp_metadata(d)
