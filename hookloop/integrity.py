@@ -19,6 +19,11 @@ from .errors import CheckpointError
 SWITCH = 'HOOKLOOP_ALLOW_UNVERIFIED'
 
 
+class UnverifiedCheckpointError(CheckpointError):
+    """A checkpoint without its digest: not damaged as far as anyone knows, so ``--resume auto``
+    skips it but does not rename it aside."""
+
+
 def unverified_allowed():
     return os.environ.get(SWITCH, '').strip().lower() in ('1', 'true', 'yes')
 
@@ -28,7 +33,7 @@ def missing(path, what):
     if unverified_allowed():
         warnings.warn(f'{path}: {what}; resuming without an integrity check ({SWITCH} is set)', stacklevel=3)
         return
-    raise CheckpointError(f'{path!r} has no valid checksum ({what}): it cannot be checked for damage. A checkpoint '
+    raise UnverifiedCheckpointError(f'{path!r} has no valid checksum ({what}): it cannot be checked for damage. A checkpoint '
                           f'from an older hookloop can be resumed with {SWITCH}=1')
 
 

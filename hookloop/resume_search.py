@@ -18,7 +18,7 @@ from .checkpoint import (CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, checksum_pat
                          read_pointer)
 from .errors import CheckpointError
 from .fsdp import is_sharded_checkpoint, verify_sharded
-from .integrity import require_sidecar
+from .integrity import UnverifiedCheckpointError, require_sidecar
 
 _POSITION = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
 
@@ -112,7 +112,7 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
         try:
             checkpoint = load_verified(path, map_location)
         except CheckpointError as exc:
-            moved = set_aside(path) if rename_damaged else None
+            moved = set_aside(path) if rename_damaged and not isinstance(exc, UnverifiedCheckpointError) else None
             skipped.append((path, str(exc) + (f' (renamed to {storage.basename(moved)})' if moved else '')))
             continue
         meta = checkpoint.get('meta')

@@ -75,3 +75,4 @@ def test_walk_back_skips_a_checkpoint_whose_sidecar_was_removed(tmp_path, flippe
     os.remove(tmp_path / 'src' / 'epoch_2.pth')
     with pytest.raises(CheckpointError, match='no usable checkpoint.*epoch_1.pth: .*no valid checksum'):
         train(make_trainer(tmp_path / 'src', resume_from='auto', max_epochs=3))
+    assert flipped.exists()  # not known to be damaged (an older checkpoint?): not renamed aside
