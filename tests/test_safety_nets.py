@@ -1,0 +1,191 @@
+"""Safety nets that never keep a bad state or drop a good one (issue 21): a checkpoint is
+never written with a non-finite state, whatever invalid-loss hook is registered; async saves
+change retention and the best file only once the new file is on disk, and stage a deep copy."""
+import errno
+import os
+import threading
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import hookloop.checkpoint as ckpt_module
+from conftest import Regressor, regression_data
+from hookloop import Hook, Trainer
+from hookloop.async_checkpoint import AsyncCheckpointWriter
+from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.errors import CheckpointError, InvalidLossError
+from hookloop.finite_state import check_finite_state, is_finite, non_finite_entries
+
+
+class Faulty(Regressor):
+    """A regressor with, at forward number ``at`` (0-based), a NaN loss (``'loss'``) or a
+    finite loss whose gradients are NaN (``'grad'``: ``sqrt`` at 0 times the weights)."""
+
+    def __init__(self, at, kind):
+        super().__init__()
+        self.at, self.kind, self.calls = at, kind, 0
+
+    def forward(self, x, y=None):
+        loss = super().forward(x, y)
+        if y is None:
+            return loss
+        self.calls += 1
+        if self.calls - 1 == self.at:
+            if self.kind == 'loss':
+                return loss * float('nan')
+            return loss + torch.sqrt(self.net[0].weight.sum() * 0.0)  # loss finite, its gradient NaN
+        return loss
+
+
+def make_trainer(work_dir, model, epochs=3, **kwargs):
+    torch.manual_seed(0)
+    kwargs.setdefault('log_config', dict(interval=100))
+    return Trainer(model, optimizer=dict(type='SGD', lr=0.05, momentum=0.9),
+                   train_dataloader=DataLoader(regression_data(), 8), max_epochs=epochs, work_dir=work_dir,
+                   seed=0, device='cpu', **kwargs)
+
+
+def checkpoint_files(work_dir):
+    return sorted(n for n in os.listdir(work_dir) if n.endswith('.pth'))
+
+
+def assert_every_file_finite(work_dir):
+    for name in checkpoint_files(work_dir):
+        checkpoint = load_checkpoint(str(work_dir / name))
+        assert non_finite_entries(checkpoint) == [], name
+
+
+@pytest.mark.parametrize('async_save', [False, True], ids=['sync', 'async'])
+def test_nan_gradients_with_a_finite_loss_never_become_last_nor_delete_the_good_file(tmp_path, async_save):
+    # Item 1: NaN gradients at iteration 10, a save iteration, with a finite loss: its save is refused.
+    trainer = make_trainer(tmp_path, Faulty(9, 'grad'), checkpoint_config=dict(
+        interval=5, by_epoch=False, max_keep_ckpts=1, async_save=async_save))
+    with pytest.raises(InvalidLossError, match=r'iter_10\.pth.*not finite after 10 iterations.*model weight '
+                                               r'net\.0\.weight'):
+        trainer.train()
+    trainer.close()
+    assert checkpoint_files(tmp_path) == ['iter_5.pth']
+    assert read_pointer(tmp_path) == str(tmp_path / 'iter_5.pth')
+    assert_every_file_finite(tmp_path)
+
+
+def test_mmcv_check_invalid_loss_hook_does_not_remove_the_protection(tmp_path):
+    # Item 5: CheckInvalidLossHook(interval=50) replaces the default guard; a NaN loss at
+    # iteration 7 reaches the weights, yet no NaN checkpoint is written nor becomes last.
+    trainer = make_trainer(tmp_path, Faulty(6, 'loss'), checkpoint_config=dict(interval=5, by_epoch=False),
+                           custom_hooks=[dict(type='CheckInvalidLossHook', interval=50)])
+    with pytest.raises(InvalidLossError, match='not saving .*iter_10.pth'):
+        trainer.train()
+    trainer.close()
+    assert 'FiniteLossGuard' not in trainer.hook_order_table()
+    assert checkpoint_files(tmp_path) == ['iter_5.pth']
+    assert read_pointer(tmp_path) == str(tmp_path / 'iter_5.pth')
+
+
+def test_the_check_covers_optimizer_ema_and_scaler_state():
+    good = {'state_dict': {'w': torch.ones(3)}, 'optimizer': {'state': {0: {'momentum_buffer': torch.ones(3)}}},
+            'ema_state_dict': {'w': torch.ones(3)}, 'hooks': {'OptimizerHook': {'scaler': {'scale': 1024.0}}},
+            'meta': {'iter': 4}, 'rng': {'x': float('nan')}}  # meta/rng are not training state
+    assert is_finite(good)
+    check_finite_state(good, 'x.pth')
+    for where, key in [('optimizer', 'optimizer state state.0.momentum_buffer'), ('ema_state_dict', 'EMA average w'),
+                       ('hooks', 'hook state OptimizerHook.scaler.scale')]:
+        bad = {k: (v if not isinstance(v, dict) else dict(v)) for k, v in good.items()}
+        if where == 'optimizer':
+            bad['optimizer'] = {'state': {0: {'momentum_buffer': torch.tensor([1.0, float('inf'), 1.0])}}}
+        elif where == 'ema_state_dict':
+            bad['ema_state_dict'] = {'w': torch.tensor([float('nan')] * 3, dtype=torch.float16)}
+        else:
+            bad['hooks'] = {'OptimizerHook': {'scaler': {'scale': float('inf')}}}
+        assert not is_finite(bad)
+        with pytest.raises(InvalidLossError, match=key.replace('.', r'\.')):
+            check_finite_state(bad, 'x.pth')
+
+
+def test_large_finite_half_values_are_finite():
+    # the check takes the largest magnitude, never a 2-norm that would overflow fp16
+    assert is_finite({'state_dict': {'w': torch.full((1000,), 60000.0, dtype=torch.float16)}})
+
+
+def scripted_metric(name, values):
+    values = iter(values)
+    return lambda outputs, batch: {name: next(values)}
+
+
+def test_async_best_keeps_the_previous_best_when_the_new_one_fails_to_write(tmp_path, monkeypatch):
+    # Item 6: the previous best went before the new one was on disk; its write fails (ENOSPC).
+    original = ckpt_module.write_temporary
+
+    def write_temporary(path, write):
+        if os.path.basename(path) == 'best_acc_epoch_2.pth':
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return original(path, write)
+    monkeypatch.setattr(ckpt_module, 'write_temporary', write_temporary)
+    trainer = make_trainer(tmp_path, Regressor(), checkpoint_config=dict(interval=1, save_best='acc',
+                                                                         async_save=True),
+                           val_dataloader=DataLoader(regression_data(8), batch_size=8),
+                           val_evaluator=scripted_metric('acc', [0.5, 0.75, 0.8]), evaluation=dict(interval=1))
+    with pytest.raises(CheckpointError, match='background checkpoint save failed.*best_acc_epoch_2.pth'):
+        trainer.train()
+    trainer.close()
+    assert 'best_acc_epoch_1.pth' in checkpoint_files(tmp_path)
+    assert read_pointer(tmp_path) == str(tmp_path / 'epoch_1.pth')
+
+
+def test_async_best_replaces_the_previous_best_once_on_disk(tmp_path):
+    trainer = make_trainer(tmp_path, Regressor(), checkpoint_config=dict(interval=1, save_best='acc',
+                                                                         max_keep_ckpts=1, async_save=True),
+                           val_dataloader=DataLoader(regression_data(8), batch_size=8),
+                           val_evaluator=scripted_metric('acc', [0.5, 0.75, 0.6]), evaluation=dict(interval=1))
+    trainer.train()
+    trainer.close()
+    assert checkpoint_files(tmp_path) == ['best_acc_epoch_2.pth', 'epoch_3.pth']
+
+
+def test_staging_is_a_deep_snapshot_of_containers_and_objects():
+    writer = AsyncCheckpointWriter()
+    seen, extra = {1, 2}, {'nested': [{'a'}]}
+    staged = writer.stage({'hooks': {'h': {'seen': seen, 'extra': extra, 'w': torch.ones(2)}}})
+    seen.add(3)
+    extra['nested'][0].add('b')
+    assert staged['hooks']['h']['seen'] == {1, 2}
+    assert staged['hooks']['h']['extra'] == {'nested': [{'a'}]}
+
+
+class Remembers(Hook):
+    PRIORITY = 'HIGHEST'  # before the checkpoint hook: the save of iteration 3 holds {1, 2, 3}
+    """A hook whose state is a set of the iterations it has seen; it lets the background
+    write of iteration 3 go on only once iteration 5 has changed the set."""
+
+    def __init__(self, release):
+        self.seen, self.release = set(), release
+
+    def after_train_iter(self, trainer):
+        self.seen.add(trainer.iter + 1)
+        if trainer.iter + 1 == 5:
+            self.release.set()
+
+    def state_dict(self):
+        return {'seen': self.seen}
+
+    def load_state_dict(self, state):
+        self.seen = set(state['seen'])
+
+
+def test_async_checkpoint_holds_the_hook_state_of_its_save_point(tmp_path, monkeypatch):
+    # Item 7: a set in a hook's state was written as the writer found it later.
+    release, original = threading.Event(), ckpt_module.save_checkpoint
+
+    def held_save(checkpoint, path):
+        if path.endswith('iter_3.pth'):
+            assert release.wait(30)
+        original(checkpoint, path)
+    monkeypatch.setattr(ckpt_module, 'save_checkpoint', held_save)
+    trainer = make_trainer(tmp_path, Regressor(), epochs=2, custom_hooks=[Remembers(release)],
+                           checkpoint_config=dict(interval=3, by_epoch=False, async_save=True))
+    trainer.train()
+    trainer.close()
+    assert release.is_set()
+    saved = load_checkpoint(str(tmp_path / 'iter_3.pth'))['hooks']['Remembers']['seen']
+    assert saved == {1, 2, 3}
