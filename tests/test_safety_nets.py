@@ -189,3 +189,74 @@ def test_async_checkpoint_holds_the_hook_state_of_its_save_point(tmp_path, monke
     assert release.is_set()
     saved = load_checkpoint(str(tmp_path / 'iter_3.pth'))['hooks']['Remembers']['seen']
     assert saved == {1, 2, 3}
+
+
+# -- fp16: the guard knows about loss scaling (item 3) --------------------------------------------
+def burst_data(bad_batches, batch_size=8):
+    """regression_data with the inputs of ``bad_batches`` (0-based, per epoch) at 1e30: an
+    inf loss under fp16 autocast."""
+    x, y = regression_data().tensors
+    x = x.clone()
+    for batch in bad_batches:
+        x[batch * batch_size:(batch + 1) * batch_size, 0] = 1e30
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def plain_amp(model, data, epochs):
+    """The PyTorch AMP recipe: autocast + GradScaler, every batch."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler('cpu')
+    for _ in range(epochs):
+        for x, y in DataLoader(data, 8):
+            with torch.autocast('cpu', dtype=torch.float16):
+                loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    return scaler
+
+
+@pytest.mark.parametrize('log_interval', [4, 5])
+def test_fp16_overflow_burst_trains_like_a_plain_amp_loop(tmp_path, log_interval):
+    data = burst_data([1, 2, 3])  # three overflowing batches per epoch: inf losses, skipped steps
+    torch.manual_seed(0)
+    model, reference = Regressor(), Regressor()
+    reference.load_state_dict(model.state_dict())
+    trainer = Trainer(model, optimizer=dict(type='SGD', lr=0.05, momentum=0.9), train_dataloader=DataLoader(data, 8),
+                      max_epochs=3, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=log_interval),
+                      optimizer_config=dict(precision='fp16'),
+                      checkpoint_config=dict(interval=5, by_epoch=False))
+    trainer.train()
+    trainer.close()
+    scaler = plain_amp(reference, data, 3)
+    assert scaler.get_scale() < 65536.0  # the burst made the scaler back off: the test proves something
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+    assert read_pointer(tmp_path) == str(tmp_path / 'iter_15.pth')
+    assert_every_file_finite(tmp_path)
+
+
+def test_fp16_dead_run_stops_within_one_log_interval(tmp_path):
+    data = burst_data(range(5))  # every batch overflows: every step skipped
+    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(data, 8),
+                      max_epochs=4, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=3),
+                      optimizer_config=dict(precision='fp16'),
+                      custom_hooks=[dict(type='FiniteLossGuard', max_skipped_steps=5)])
+    # log events (by epoch, 5 iterations each) at iterations 3, 8, 13...: the 5th skip (iteration 5)
+    # is seen at the log event of iteration 8 and the run stops before the step of iteration 9
+    with pytest.raises(InvalidLossError, match=r'8 optimizer steps in a row skipped .* by iteration 8 of 20'):
+        trainer.train()
+    trainer.close()
+    assert trainer.iter == 8
+
+
+def test_fp16_scale_floor_stops_the_run(tmp_path):
+    data = burst_data(range(5))
+    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(data, 8),
+                      max_epochs=4, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=2),
+                      optimizer_config=dict(precision='fp16', loss_scale=dict(init_scale=8.)),
+                      custom_hooks=[dict(type='FiniteLossGuard', min_loss_scale=1.0)])
+    with pytest.raises(InvalidLossError, match=r'loss scale 0.5 below min_loss_scale=1 .* by iteration 4 of 20'):
+        trainer.train()
+    trainer.close()
