@@ -2,6 +2,7 @@
 never written with a non-finite state, whatever invalid-loss hook is registered; async saves
 change retention and the best file only once the new file is on disk, and stage a deep copy."""
 import errno
+import math
 import os
 import threading
 
@@ -202,6 +203,18 @@ def burst_data(bad_batches, batch_size=8):
     return torch.utils.data.TensorDataset(x, y)
 
 
+class LinearRegressor(torch.nn.Module):
+    """One linear layer: an input of 1e30 gives an inf prediction under fp16, so an inf loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x, y=None):
+        prediction = self.linear(x)
+        return prediction if y is None else torch.nn.functional.mse_loss(prediction.float(), y)
+
+
 def plain_amp(model, data, epochs):
     """The PyTorch AMP recipe: autocast + GradScaler, every batch."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -221,7 +234,7 @@ def plain_amp(model, data, epochs):
 def test_fp16_overflow_burst_trains_like_a_plain_amp_loop(tmp_path, log_interval):
     data = burst_data([1, 2, 3])  # three overflowing batches per epoch: inf losses, skipped steps
     torch.manual_seed(0)
-    model, reference = Regressor(), Regressor()
+    model, reference = LinearRegressor(), LinearRegressor()
     reference.load_state_dict(model.state_dict())
     trainer = Trainer(model, optimizer=dict(type='SGD', lr=0.05, momentum=0.9), train_dataloader=DataLoader(data, 8),
                       max_epochs=3, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=log_interval),
@@ -239,7 +252,7 @@ def test_fp16_overflow_burst_trains_like_a_plain_amp_loop(tmp_path, log_interval
 
 def test_fp16_dead_run_stops_within_one_log_interval(tmp_path):
     data = burst_data(range(5))  # every batch overflows: every step skipped
-    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(data, 8),
+    trainer = Trainer(LinearRegressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(data, 8),
                       max_epochs=4, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=3),
                       optimizer_config=dict(precision='fp16'),
                       custom_hooks=[dict(type='FiniteLossGuard', max_skipped_steps=5)])
@@ -253,10 +266,18 @@ def test_fp16_dead_run_stops_within_one_log_interval(tmp_path):
 
 def test_fp16_scale_floor_stops_the_run(tmp_path):
     data = burst_data(range(5))
-    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(data, 8),
+    trainer = Trainer(LinearRegressor(), optimizer=dict(type='SGD', lr=0.05), train_dataloader=DataLoader(data, 8),
                       max_epochs=4, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=2),
                       optimizer_config=dict(precision='fp16', loss_scale=dict(init_scale=8.)),
                       custom_hooks=[dict(type='FiniteLossGuard', min_loss_scale=1.0)])
     with pytest.raises(InvalidLossError, match=r'loss scale 0.5 below min_loss_scale=1 .* by iteration 4 of 20'):
         trainer.train()
     trainer.close()
+
+
+def test_the_burst_gives_an_inf_loss_under_fp16_autocast():
+    # what the fp16 tests above rest on: the loss itself is inf, not only the gradients
+    data = burst_data([1])
+    with torch.autocast('cpu', dtype=torch.float16):
+        loss = LinearRegressor()(data.tensors[0][8:16], data.tensors[1][8:16])
+    assert loss.item() == math.inf
