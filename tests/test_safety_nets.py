@@ -281,3 +281,40 @@ def test_the_burst_gives_an_inf_loss_under_fp16_autocast():
     with torch.autocast('cpu', dtype=torch.float16):
         loss = LinearRegressor()(data.tensors[0][8:16], data.tensors[1][8:16])
     assert loss.item() == math.inf
+
+
+# -- rollback restores what the step touched (item 4) ----------------------------------------------
+@pytest.mark.parametrize('interval', [1, 3])
+def test_rollback_restores_the_ema_averages_too(tmp_path, interval):
+    # NaN gradients (finite loss) at iteration 7 reach the weights and the EMA; the NaN loss
+    # of iteration 8 rolls back. The EMA must be rolled back with the model: every later
+    # checkpoint holds finite EMA averages (before: NaN in all of them).
+    trainer = make_trainer(tmp_path, Faulty(6, 'grad'), checkpoint_config=dict(interval=5, by_epoch=False),
+                           custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='rollback', interval=interval),
+                                         dict(type='EMAHook', momentum=0.5, warm_up=1)])
+    trainer.train()
+    trainer.close()
+    assert checkpoint_files(tmp_path) == ['iter_10.pth', 'iter_15.pth', 'iter_5.pth']
+    assert_every_file_finite(tmp_path)
+    ema = next(h for h in trainer.hooks if type(h).__name__ == 'EMAHook')
+    assert all(torch.isfinite(t).all() for t in ema.averages.values())
+
+
+def test_rollback_restores_the_grad_scaler(tmp_path):
+    # fp16: after the rollback the scaler's state (its growth tracker counts good steps) is
+    # the snapshot's: snapshots before iterations 1, 3, 5; the NaN of iteration 5 rolls back
+    # to the one before iteration 3 (the one before 5 never saw a finite loss).
+    trainer = make_trainer(tmp_path, Faulty(4, 'loss'), epochs=2,
+                           optimizer_config=dict(precision='fp16', loss_scale=dict(init_scale=1.0, growth_interval=1000)),
+                           custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='rollback', interval=2)])
+    trackers = []
+
+    class Watch(Hook):
+        def before_train_iter(self, trainer):
+            optimizer_hook = next(h for h in trainer.hooks if h.name == 'OptimizerHook')
+            trackers.append(optimizer_hook.state_dict()['scaler']['_growth_tracker'])
+    trainer.register_hook(Watch())
+    trainer.train()
+    trainer.close()
+    assert trackers[:5] == [0, 1, 2, 3, 4]
+    assert trackers[5] == 2  # rolled back (before: 4, the skipped step leaves the scaler alone)
