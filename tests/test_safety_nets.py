@@ -318,3 +318,39 @@ def test_rollback_restores_the_grad_scaler(tmp_path):
     trainer.close()
     assert trackers[:5] == [0, 1, 2, 3, 4]
     assert trackers[5] == 2  # rolled back (before: 4, the skipped step leaves the scaler alone)
+
+
+# -- the timer counts every second of training, saves included (item 8) ----------------------------
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize('async_save', [False, True], ids=['sync', 'async'])
+def test_timer_counts_checkpoint_saves_at_an_epochs_last_iteration(tmp_path, monkeypatch, async_save):
+    from hookloop.hooks.timer import IterTimerHook
+    clock = FakeClock()
+
+    class Ticks(Hook):
+        PRIORITY = 'HIGHEST'
+
+        def after_train_iter(self, trainer):
+            clock.now += 1.0  # every iteration: 1 s
+    trainer = make_trainer(tmp_path, Regressor(), epochs=None, max_iters=14, log_config=dict(interval=3),
+                           custom_hooks=[IterTimerHook(clock=clock), Ticks()],
+                           checkpoint_config=dict(interval=5, by_epoch=False, save_last=False, async_save=async_save))
+    original = trainer.write_checkpoint
+
+    def slow_write(*args, **kwargs):
+        clock.now += 10.0  # every save (iterations 5 and 10, each an epoch's last): 10 s
+        return original(*args, **kwargs)
+    monkeypatch.setattr(trainer, 'write_checkpoint', slow_write)
+    trainer.train()
+    trainer.close()
+    assert checkpoint_files(tmp_path) == ['iter_10.pth', 'iter_5.pth']
+    times = list(trainer.meters._values['time'])
+    assert len(times) == 14
+    assert sum(times) == pytest.approx(14 * 1.0 + 2 * 10.0)  # before: 14, the saves dropped out
