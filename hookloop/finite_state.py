@@ -27,8 +27,11 @@ CHECKED = ('state_dict', 'optimizer', 'ema_state_dict', 'hooks')
 _SHOWN = 5
 
 
-def _leaves(value, path):
-    """``(path, value)`` of every floating tensor and Python float inside ``value``."""
+def _leaves(value, path, scaled_grads=False):
+    """``(path, value)`` of every floating tensor and Python float inside ``value``; with
+    ``scaled_grads`` not the accumulated gradients of a hook's state (``hooks.<name>.grads``)."""
+    if scaled_grads and len(path) == 3 and path[0] == 'hooks' and path[2] == 'grads':
+        return
     if isinstance(value, torch.Tensor):
         if hasattr(value, 'to_local'):  # a DTensor: this rank's shard
             value = value.to_local()
@@ -38,10 +41,10 @@ def _leaves(value, path):
         yield path, value
     elif isinstance(value, Mapping):
         for key, item in value.items():
-            yield from _leaves(item, path + (str(key),))
+            yield from _leaves(item, path + (str(key),), scaled_grads)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            yield from _leaves(item, path + (str(index),))
+            yield from _leaves(item, path + (str(index),), scaled_grads)
 
 
 def _describe(path):
@@ -51,27 +54,27 @@ def _describe(path):
     return f'{where} {rest}' if rest else where
 
 
-def non_finite_entries(checkpoint, keys=CHECKED):
+def non_finite_entries(checkpoint, keys=CHECKED, scaled_grads=False):
     """The places (``'model weight fc.weight'``...) of ``checkpoint`` holding NaN or inf.
     Walks every tensor: for the error message, after :func:`is_finite` said no."""
     bad = []
     for key in keys:
         if key not in checkpoint:
             continue
-        for path, value in _leaves(checkpoint[key], (key,)):
+        for path, value in _leaves(checkpoint[key], (key,), scaled_grads):
             finite = math.isfinite(value) if isinstance(value, float) else bool(torch.isfinite(value).all())
             if not finite:
                 bad.append(_describe(path))
     return bad
 
 
-def is_finite(checkpoint, keys=CHECKED, process_group=None):
+def is_finite(checkpoint, keys=CHECKED, process_group=None, scaled_grads=False):
     """True when every floating tensor and float of ``checkpoint[keys]`` is finite: one fused
     reduction per device and dtype, one host sync (and, across ranks, one all-reduce)."""
     tensors, floats_ok = [], True
     for key in keys:
         if key in checkpoint:
-            for _, value in _leaves(checkpoint[key], (key,)):
+            for _, value in _leaves(checkpoint[key], (key,), scaled_grads):
                 if isinstance(value, float):
                     floats_ok = floats_ok and math.isfinite(value)
                 elif value.numel():
@@ -92,12 +95,16 @@ def is_finite(checkpoint, keys=CHECKED, process_group=None):
     return finite
 
 
-def check_finite_state(checkpoint, path, trainer=None):
+def check_finite_state(checkpoint, path, scaled_grads=False):
     """Raise ``InvalidLossError`` (one line) when the state ``checkpoint`` would save is not
-    finite. Nothing has been written or deleted yet when it raises."""
-    if is_finite(checkpoint):
+    finite. Nothing has been written or deleted yet when it raises.
+
+    ``scaled_grads`` (fp16 loss scaling): the gradients accumulated so far in a window are
+    not looked at: an overflow among them is the GradScaler's business (it skips that
+    window's step), and a resume from the checkpoint skips it the same way."""
+    if is_finite(checkpoint, scaled_grads=scaled_grads):
         return
-    bad = non_finite_entries(checkpoint)
+    bad = non_finite_entries(checkpoint, scaled_grads=scaled_grads)
     meta = checkpoint.get('meta', {}) if isinstance(checkpoint.get('meta'), Mapping) else {}
     when = f' after {meta["iter"]} iterations' if 'iter' in meta else ''
     shown = ', '.join(bad[:_SHOWN]) + (f' and {len(bad) - _SHOWN} more' if len(bad) > _SHOWN else '')

@@ -732,7 +732,7 @@ class Trainer:
         at once for a synchronous save, at the next wait for an asynchronous one, never
         when the write failed."""
         path = storage.join(self.storage_dir, path)
-        check_finite_state(checkpoint, path)
+        check_finite_state(checkpoint, path, scaled_grads=self.step.loss_scaling)
         self.wait_for_checkpoint()
         if asynchronous and self._checkpoint_writer is None:
             self._checkpoint_writer = AsyncCheckpointWriter()

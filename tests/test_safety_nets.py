@@ -256,12 +256,13 @@ def test_fp16_dead_run_stops_within_one_log_interval(tmp_path):
                       max_epochs=4, work_dir=tmp_path, seed=0, device='cpu', log_config=dict(interval=3),
                       optimizer_config=dict(precision='fp16'),
                       custom_hooks=[dict(type='FiniteLossGuard', max_skipped_steps=5)])
-    # log events (by epoch, 5 iterations each) at iterations 3, 8, 13...: the 5th skip (iteration 5)
-    # is seen at the log event of iteration 8 and the run stops before the step of iteration 9
-    with pytest.raises(InvalidLossError, match=r'8 optimizer steps in a row skipped .* by iteration 8 of 20'):
+    # log events (by epoch, 5 iterations each) at iterations 3, 8, 13...; the guard also looks at
+    # each epoch's end: the 5th skip (iteration 5) is seen there, before epoch 2 takes a step
+    with pytest.raises(InvalidLossError, match=r'5 optimizer steps in a row skipped .* seen at the end of an '
+                                               r'epoch by iteration 5 of 20'):
         trainer.train()
     trainer.close()
-    assert trainer.iter == 8
+    assert trainer.iter == 5
 
 
 def test_fp16_scale_floor_stops_the_run(tmp_path):

@@ -7,6 +7,8 @@ It looks only at numbers that are on the host already or about to be synced anyw
 * before every checkpoint is written, the loss values since its previous look (a save
   syncs the whole model anyway), so a checkpoint never holds weights that a non-finite
   loss has reached, and ``last_checkpoint`` keeps naming the last good one;
+* at the end of every epoch (one look per epoch: a bad value is acted on within one log
+  interval also when the log events and the epoch ends do not line up);
 * after the last iteration.
 
 So it costs no host sync on other iterations, and is not even called there: it looks at each
@@ -85,13 +87,16 @@ class FiniteLossGuard(Hook):
         if self.is_last_iter(trainer):
             self._check_since_last_look(trainer, trainer.iter + 1)
 
+    def after_train_epoch(self, trainer):
+        self._check_since_last_look(trainer, trainer.position.resume_point()[1], 'seen at the end of an epoch')
+
     def before_save_checkpoint(self, trainer, checkpoint):
         self._check_since_last_look(trainer, checkpoint['meta']['iter'])
 
-    def _check_since_last_look(self, trainer, iterations_done):
+    def _check_since_last_look(self, trainer, iterations_done, how='seen before saving'):
         summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
         self._mark = trainer.meters.mark()
-        self._raise_if_bad(trainer, summary, iterations_done, 'seen before saving')
+        self._raise_if_bad(trainer, summary, iterations_done, how)
 
     def _failure(self, trainer, summary):
         """What in ``summary`` means the run has gone bad (a phrase), or None."""
