@@ -58,7 +58,7 @@ class FiniteLossGuard(Hook):
                 not 0 <= min_loss_scale < math.inf:
             raise ConfigError(f'FiniteLossGuard min_loss_scale must be a number >= 0, got {min_loss_scale!r}')
         self.max_skipped_steps, self.min_loss_scale = max_skipped_steps, float(min_loss_scale)
-        self._mark = self._logged_bad = self._listener = None
+        self._mark = self._logged_bad = self._listener = self._seen_at = None
 
     def before_run(self, trainer):
         self._mark = trainer.meters.mark()
@@ -72,6 +72,7 @@ class FiniteLossGuard(Hook):
     def _look(self, trainer, summary):
         """A new summary (a log event): if it holds a bad loss, stop at the next iteration,
         before its step (not here: the loggers are still writing it out)."""
+        self._seen_at = trainer.position.resume_point()[1]
         if self._logged_bad is None and self._failure(trainer, summary):
             self._logged_bad = (summary, trainer.position.resume_point()[1])
             trainer.wake(self)
@@ -88,7 +89,9 @@ class FiniteLossGuard(Hook):
             self._check_since_last_look(trainer, trainer.iter + 1)
 
     def after_train_epoch(self, trainer):
-        self._check_since_last_look(trainer, trainer.position.resume_point()[1], 'seen at the end of an epoch')
+        done = trainer.position.resume_point()[1]
+        if self._seen_at != done:  # not when a log event just looked at this very iteration
+            self._check_since_last_look(trainer, done, 'seen at the end of an epoch')
 
     def before_save_checkpoint(self, trainer, checkpoint):
         self._check_since_last_look(trainer, checkpoint['meta']['iter'])
