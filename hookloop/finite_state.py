@@ -6,10 +6,12 @@ computed: the model weights (``state_dict``), the optimizer state, the EMA avera
 gradients of ``OptimizerHook``, EMA's averages, ...). Meta data, RNG and data positions are
 not numbers training computed and are not looked at.
 
-Cost: one fused reduction (``torch._foreach_norm`` with ``ord=inf``, i.e. the largest
-magnitude of every tensor, which cannot overflow as a 2-norm could) and ONE host sync per
-save; nothing per step. Only when that says "not finite" are the tensors walked one by one
-to name the culprits in the error.
+Cost: one fused reduction (``torch._foreach_norm``, the 2-norm of every tensor accumulated
+in float32: a NaN or inf anywhere makes it non-finite) and ONE host sync per save; nothing
+per step. Only when that says "not finite" are the tensors walked one by one: to name the
+culprits in the error, and to tell a real NaN/inf from a 2-norm that merely overflowed
+float32 (values above ~1e19), which is finite state and passes. (The 2-norm is the fast
+fused kernel; ``ord=inf`` and ``isfinite`` per tensor measured 35x and 100x slower on CPU.)
 
 ``Trainer.write_checkpoint`` calls it for every save (interval, last, best, sync or async,
 whichever invalid-loss hook is registered), before anything is written or deleted, so a
@@ -78,13 +80,15 @@ def is_finite(checkpoint, keys=CHECKED, process_group=None, scaled_grads=False):
                 if isinstance(value, float):
                     floats_ok = floats_ok and math.isfinite(value)
                 elif value.numel():
-                    tensors.append(value)
-    largest = [n.reshape(1).float() for n in torch._foreach_norm(tensors, math.inf)] if tensors else []
+                    tensors.append(torch.view_as_real(value) if value.is_complex() else value)
+    norms = [n.reshape(1) for n in torch._foreach_norm(tensors, 2, dtype=torch.float32)] if tensors else []
     by_device = {}
-    for n in largest:
+    for n in norms:
         by_device.setdefault(n.device, []).append(n)
     verdicts = [torch.isfinite(torch.cat(group)).all() for group in by_device.values()]
     finite = floats_ok and all(bool(v) for v in verdicts)  # the one sync (per device)
+    if floats_ok and not finite:  # a NaN/inf, or only a 2-norm above the float32 range?
+        finite = not non_finite_entries(checkpoint, keys, scaled_grads)
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
             torch.distributed.get_world_size(process_group) > 1:
         flag = torch.tensor([0 if finite else 1], dtype=torch.int32)

@@ -355,3 +355,9 @@ def test_timer_counts_checkpoint_saves_at_an_epochs_last_iteration(tmp_path, mon
     times = list(trainer.meters._values['time'])
     assert len(times) == 14
     assert sum(times) == pytest.approx(14 * 1.0 + 2 * 10.0)  # before: 14, the saves dropped out
+
+
+def test_huge_finite_values_are_finite():
+    # the fused 2-norm overflows float32 here; the elements are finite, so the state is
+    assert is_finite({'state_dict': {'w': torch.full((4,), 1e30)}, 'optimizer': {'x': torch.ones(2)}})
+    assert not is_finite({'state_dict': {'w': torch.tensor([1e30, float('nan')])}})
