@@ -256,15 +256,24 @@ class OptimizerProcessor:
         device tensor, no host sync), read by the invalid-loss guard at log events."""
         found = getattr(scaler, '_found_inf_per_device', None)  # filled by unscale_, reset by update()
         try:
-            infs = list(found(optimizer).values()) if found is not None else []
+            infs = found(optimizer) if found is not None else {}
         except (KeyError, RuntimeError):
-            infs = []
-        if not infs:
+            infs = {}
+        if len(infs) == 1:  # one device: a fresh 0./1. tensor of this step
+            skipped = next(iter(infs.values()))
+        elif infs:
+            skipped = (torch.stack([inf.reshape(()).to(self._count_device(infs)) for inf in infs.values()]).sum()
+                       > 0).float()
+        else:
             return
-        skipped = (sum(inf.reshape(()) for inf in infs) > 0).float()
         run = self._skipped_run
-        self._skipped_run = skipped if run is None or run.device != skipped.device else (run + 1) * skipped
+        # one kernel: skipped * (run + 1), i.e. the run goes on or restarts at 0
+        self._skipped_run = skipped if run is None else torch.addcmul(skipped, run, skipped)
         trainer.meters.update('skipped_steps', self._skipped_run)
+
+    @staticmethod
+    def _count_device(infs):
+        return next(iter(infs.values())).device
 
     def _report_unused_params(self):
         unused = tuple(name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None)
