@@ -11,10 +11,18 @@ the copy.
   so the extra memory is one copy of the checkpoint, not one per save.
 * A failed background write is raised (as a ``CheckpointError``) by the next
   :meth:`AsyncCheckpointWriter.wait` — the next save, or the end of the run.
+* What must wait for the file to be on disk (removing old checkpoints, replacing the best
+  one) is handed over as ``on_disk`` and run by that :meth:`~AsyncCheckpointWriter.wait`, on
+  the training thread, only when the write succeeded: a failed write leaves the previous
+  ``last`` and best files in place.
+* The staged copy is a deep snapshot taken at the save point: tensors go to the staging
+  buffers, containers (dicts, lists, tuples, sets) are rebuilt, any other object is
+  deep-copied, so nothing a hook changes later reaches the file.
 * Under FSDP the shards go through ``torch.distributed.checkpoint.async_save`` (which stages
   them itself) on a process group of their own; ``hookloop.pth`` and the pointer are written
   when every rank's shards are on disk (``hookloop/fsdp.py``).
 """
+import copy as copying
 import threading
 from collections.abc import Mapping
 
@@ -29,6 +37,7 @@ class AsyncCheckpointWriter:
     def __init__(self):
         self._thread = None
         self._error = None
+        self._on_disk = None  # what runs once the write in flight has succeeded
         self._sharded = None  # (future of dcp.async_save, finish) for an FSDP save in flight
         self.process_group = None  # FSDP: the gloo group the background writes coordinate over
         self._staging = {}  # path in the checkpoint tree -> reusable CPU tensor
@@ -47,6 +56,9 @@ class AsyncCheckpointWriter:
             except Exception as exc:  # noqa: BLE001 - raised below as a CheckpointError
                 self._error = exc
         error, self._error = self._error, None
+        on_disk, self._on_disk = self._on_disk, None
+        if error is None and on_disk is not None:
+            on_disk()
         if error is not None:
             if isinstance(error, CheckpointError):
                 raise CheckpointError(f'a background checkpoint save failed: {error}') from error
@@ -84,7 +96,11 @@ class AsyncCheckpointWriter:
                 return tuple(copy(v, key + (i,)) for i, v in enumerate(value))
             if isinstance(value, list):
                 return [copy(v, key + (i,)) for i, v in enumerate(value)]
-            return value  # numbers, strings, None: immutable
+            if isinstance(value, (set, frozenset)):
+                return type(value)(copy(v, key + ('set',)) for v in value)
+            if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+                return value  # immutable
+            return copying.deepcopy(value)  # any other object: its values at the save point
 
         staged = copy(checkpoint, ())
         for key in set(self._staging) - used:  # entries gone from this checkpoint: free them
@@ -94,9 +110,11 @@ class AsyncCheckpointWriter:
         return staged
 
     # -- writing -----------------------------------------------------------------------------
-    def submit(self, write, *args):
-        """Run ``write(*args)`` on a background thread, after the previous save finished."""
+    def submit(self, write, *args, on_disk=None):
+        """Run ``write(*args)`` on a background thread, after the previous save finished;
+        ``on_disk()`` runs in the :meth:`wait` that finds it written without error."""
         self.wait()
+        self._on_disk = on_disk
 
         def run():
             try:
@@ -112,3 +130,7 @@ class AsyncCheckpointWriter:
         staged the shards to CPU memory itself): :meth:`wait` waits for ``future`` and then
         calls ``finish()`` on every rank."""
         self._sharded = (future, finish)
+
+    def defer(self, on_disk):
+        """Run ``on_disk()`` in the :meth:`wait` that finds the save in flight written."""
+        self._on_disk = on_disk

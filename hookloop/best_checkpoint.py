@@ -67,7 +67,7 @@ class BestCheckpoint:
 
     def update(self, trainer, directory, filename, write):
         """Look at ``trainer.metrics`` after a new validation; when its score is better,
-        ``write(path)`` the best checkpoint as ``<directory>/best_<metric>_<filename>``.
+        ``write(path, on_disk)`` the best checkpoint as ``<directory>/best_<metric>_<filename>``.
         Returns True when it did. An empty result or a non-finite score is warned about and
         never becomes the best."""
         # The validation count tells a new result from an old one, so on the other
@@ -93,11 +93,15 @@ class BestCheckpoint:
         previous = self.path
         self.score, self.metric = score, key
         self.path = storage.join(directory, f'best_{key}_{filename}')
-        write(self.path)
-        if trainer.rank == 0 and previous and previous != self.path and inside(previous, directory):
-            for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
-                if storage.exists(victim):
-                    remove_checkpoint(victim)
+        new = self.path
+
+        def on_disk():  # the previous best goes only once the new one is on disk (async saves)
+            if trainer.rank == 0 and previous and previous != new and inside(previous, directory) and \
+                    storage.exists(new):
+                for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
+                    if storage.exists(victim):
+                        remove_checkpoint(victim)
+        write(self.path, on_disk)
         trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
         return True
 

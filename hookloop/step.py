@@ -20,6 +20,10 @@ talk to each other. Each field has one writer and documented readers:
   written at its set-up; ``window`` (``(start, size)`` in ``inner_iter`` units) is the
   accumulation window of the current iteration, derived from it and the position
   (:func:`accumulation_window`); read-only for others.
+* ``loss_scaling`` (``bool``): written by the optimizer hook at set-up, True when a GradScaler
+  scales the loss (fp16): a step with inf/NaN gradients is then skipped by the scaler, and the
+  hook publishes ``skipped_steps`` (steps skipped in a row) in the meters; the invalid-loss
+  guard reads both.
 
 The trainer clears ``skip_reason`` after an iteration that set it and at every epoch's start
 (:meth:`StepState.begin`), so a decision never leaks into the next iteration, whichever hook
@@ -41,7 +45,7 @@ class StepState:
     ``position`` is the trainer's :class:`~hookloop.position.Position`."""
 
     __slots__ = ('forward_context', 'val_forward_context', 'skip_reason', 'data_seconds', 'epoch_length',
-                 'accumulation', '_position')
+                 'accumulation', 'loss_scaling', '_position')
 
     def __init__(self, position, epoch_length=0):
         self.forward_context = contextlib.nullcontext
@@ -49,6 +53,7 @@ class StepState:
         self.skip_reason = None
         self.data_seconds = 0.0
         self.accumulation = 1
+        self.loss_scaling = False  # the optimizer hook scales the loss (fp16 GradScaler): see below
         self.epoch_length = epoch_length
         self._position = position
 

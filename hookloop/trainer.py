@@ -18,6 +18,7 @@ import torch
 from . import __version__
 from .builder import build_dataloader, build_model, build_optimizer
 from .async_checkpoint import AsyncCheckpointWriter
+from .finite_state import check_finite_state
 from . import storage
 from .compile import compile_model, compile_options
 from .checkpoint import get_rng_state, load_checkpoint, set_rng_state
@@ -726,21 +727,31 @@ class Trainer:
         self.call_hook('before_save_checkpoint', checkpoint)
         return checkpoint
 
-    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False):
+    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
         """Write ``checkpoint`` (from :meth:`build_checkpoint`) atomically to ``path`` (absolute,
         or relative to the work dir; a local path or an fsspec URL); with ``update_last`` move
         the ``last_checkpoint`` pointer.
 
         ``asynchronous=True`` copies the state to CPU memory and writes it on a background
         thread (``hookloop/async_checkpoint.py``); a write always waits for the one in flight
-        first, so the staging copy is free and the pointer moves in save order."""
+        first, so the staging copy is free and the pointer moves in save order.
+
+        A state that is not finite is refused first (``hookloop/finite_state.py``): nothing is
+        written. ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
+        at once for a synchronous save, at the next wait for an asynchronous one, never
+        when the write failed."""
         path = storage.join(self.storage_dir, path)
+        check_finite_state(checkpoint, path, scaled_grads=self.step.loss_scaling)
         self.wait_for_checkpoint()
         if asynchronous and self._checkpoint_writer is None:
             self._checkpoint_writer = AsyncCheckpointWriter()
         if is_sharded_model(self.wrapped_model):  # every rank writes its shards (dcp.async_save if asked)
             save_sharded(checkpoint, path, self.model, self.optimizer, self.rank,
                          self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
+            if asynchronous:
+                self._checkpoint_writer.defer(on_disk)
+            elif on_disk is not None:
+                on_disk()
             return path
         if self.rank == 0:
             self._lock.check()  # the lock file deleted or replaced: another run may own the dir now
@@ -748,15 +759,18 @@ class Trainer:
             pointer_dir = self.storage_dir if update_last else None
             if asynchronous:
                 writer = self._checkpoint_writer
-                writer.submit(write_checkpoint_file, writer.stage(checkpoint), path, pointer_dir)
-            else:
-                write_checkpoint_file(checkpoint, path, pointer_dir)
+                writer.submit(write_checkpoint_file, writer.stage(checkpoint), path, pointer_dir, on_disk=on_disk)
+                return path
+            write_checkpoint_file(checkpoint, path, pointer_dir)
+        if on_disk is not None:
+            on_disk()
         return path
 
-    def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False):
+    def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False, on_disk=None):
         """Build and write a checkpoint; returns its path (see :meth:`write_checkpoint`)."""
         self.wait_for_checkpoint()  # hooks' state must not change under a write in flight
-        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last, asynchronous)
+        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last, asynchronous,
+                                     on_disk)
 
     def wait_for_checkpoint(self):
         """Wait until a background checkpoint write (``async_save``) is on disk; a

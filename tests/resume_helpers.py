@@ -61,6 +61,7 @@ def assert_states_equal(a, b):
 
 # -- training in a subprocess ----------------------------------------------------------------
 import os  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -92,19 +93,34 @@ _STARTED = []  # every training process a test started, killed by kill_leftovers
 
 
 def kill_leftovers():
-    """SIGKILL the training processes a (failed) test left running; call after each test."""
+    """SIGKILL the training processes a (failed) test left running, with everything they
+    started (data loader workers, their forkserver and resource tracker); call after each test."""
     while _STARTED:
         process = _STARTED.pop()
         if process.poll() is None:
             process.kill()
             process.wait()
+        kill_group(process.pid)
+
+
+def kill_group(pid):
+    """SIGKILL what is left of the process group ``pid`` leads (a forked run's own group, see
+    :func:`_run_cli`). A run killed with SIGKILL cannot stop its data loader workers: forked
+    from a forkserver of the run's own (a forkserver child starts its processes the same way),
+    they are the forkserver's children and never see their parent die, and the forkserver and
+    its resource tracker wait for them."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def launch(config, work_dir):
     """``python -m hookloop train CONFIG --work-dir W --resume auto`` in a new process."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, 'tests')]))
     process = subprocess.Popen([sys.executable, '-m', 'hookloop', 'train', config, '--work-dir', str(work_dir),
-                                '--resume', 'auto'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                '--resume', 'auto'], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # its own group: kill_leftovers ends all it started
     _STARTED.append(process)
     return process
 
@@ -130,7 +146,9 @@ def comparable(checkpoint):
 
 
 def _run_cli(argv, log_path):
-    """The child's body: the CLI's ``main`` with fds 1 and 2 sent to ``log_path``."""
+    """The child's body: the CLI's ``main`` with fds 1 and 2 sent to ``log_path``, in a
+    process group of its own (so :func:`kill_group` ends whatever it started)."""
+    os.setpgrp()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -182,7 +200,9 @@ class ForkedRun:
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join()
+            kill_group(self.pid)
             raise AssertionError(f'forked training did not finish in {timeout} s')
+        kill_group(self.pid)  # a run the test killed leaves its workers behind
         return self.process.exitcode
 
     def send_signal(self, signum):
@@ -193,6 +213,7 @@ class ForkedRun:
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join()
+        kill_group(self.pid)
 
     def output(self):
         """What the child wrote to stdout and stderr (tracebacks; the trainer's own log is in

@@ -118,7 +118,7 @@ def test_rollback_restores_last_good_state_and_continues_to_a_finite_result(tmp_
     assert_same_weights(model, reference)
     assert all_finite(model)
     log = open(next(tmp_path.glob('*.log'))).read()
-    assert 'rolled model and optimizer back to their state before iteration 3' in log
+    assert 'rolled model, optimizer, OptimizerHook back to their state before iteration 3' in log
 
 
 def test_rollback_differs_from_skip(tmp_path):

@@ -47,8 +47,10 @@ def test_host_reads_scale_with_log_events_not_iterations(tmp_path, host_reads, h
     # 120 iterations: log events at 50 and 100; 240 iterations: at 50, 100, 150, 200.
     short, short_detail = train_and_count(tmp_path / 'a', host_reads, 3, hooks)
     long, long_detail = train_and_count(tmp_path / 'b', host_reads, 6, hooks)
-    assert short <= 2 * 2, short_detail  # at most two reads per log event (one summary copy each)
-    assert long - short <= 2 * 2, (short_detail, long_detail)  # 120 more iterations, 2 more log events
+    # at most two reads per log event (one summary copy each), and the invalid-loss guard's one
+    # look per epoch (a bad loss is acted on within one log interval across epoch ends)
+    assert short <= 2 * 2 + 3, short_detail
+    assert long - short <= 2 * 2 + 3, (short_detail, long_detail)  # 120 more iterations, 2 more log events
 
 
 @pytest.mark.cuda

@@ -66,8 +66,8 @@ class _MMCVTrainer(Trainer):
             checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
         return checkpoint
 
-    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False):
-        path = super().write_checkpoint(checkpoint, path, update_last, asynchronous)
+    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
+        path = super().write_checkpoint(checkpoint, path, update_last, asynchronous, on_disk)
         if update_last and self.rank == 0:
             if asynchronous:  # latest.pth must never name a file still being written
                 self.wait_for_checkpoint()

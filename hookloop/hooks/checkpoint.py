@@ -78,7 +78,6 @@ class CheckpointHook(Hook):
         self.async_save = async_save
         self.saved = []          # interval checkpoints (absolute paths or URLs), oldest first
         self._writing = None     # the interval checkpoint being saved: its own state lists it
-        self._retention_due = False  # async: old checkpoints go once the newest one is on disk
 
     # -- stages ------------------------------------------------------------------------------
     def setup(self, trainer):
@@ -95,11 +94,6 @@ class CheckpointHook(Hook):
             storage.makedirs(self.directory)
             for path in remove_stale_temporaries(self.directory):
                 trainer.logger.info('removed %s, left by a save that was interrupted', path)
-
-    def after_run(self, trainer):
-        # The trainer has waited for the last background write before after_run.
-        if self._retention_due:
-            self._remove_old(trainer)
 
     def after_train_epoch(self, trainer):
         name = f'epoch_{trainer.epoch + 1}.pth'
@@ -141,14 +135,14 @@ class CheckpointHook(Hook):
         return any(inside(path, d) for d in directories)
 
     # -- saving ----------------------------------------------------------------------------
-    def _write(self, trainer, path, update_last):
-        if self._retention_due:  # the previous save is on disk once the trainer has waited
-            trainer.wait_for_checkpoint()
-            self._remove_old(trainer)
+    def _write(self, trainer, path, update_last, on_disk=None):
+        # A save in flight must be on disk (its retention done) before hooks' states are taken.
+        trainer.wait_for_checkpoint()
         # build_checkpoint returns the dict every hook has added its entries to
         # (``ema_state_dict``), which the safetensors export reads.
         checkpoint = trainer.build_checkpoint(save_optimizer=self.save_optimizer, save_frozen=self.save_frozen)
-        trainer.write_checkpoint(checkpoint, path, update_last=update_last, asynchronous=self.async_save)
+        trainer.write_checkpoint(checkpoint, path, update_last=update_last, asynchronous=self.async_save,
+                                 on_disk=on_disk)
         if self.export is not None and trainer.rank == 0:
             key = 'state_dict' if self.export == 'model' else 'ema_state_dict'
             if key not in checkpoint:
@@ -161,20 +155,19 @@ class CheckpointHook(Hook):
         if path in self.saved:
             return
         self._writing = path
+
+        def on_disk():  # only once the new file is on disk may older ones go
+            if path not in self.saved:
+                self.saved.append(path)
+            self._remove_old(trainer)
         try:
-            self._write(trainer, path, update_last=True)
+            self._write(trainer, path, update_last=True, on_disk=on_disk)
         finally:
             self._writing = None
-        self.saved.append(path)
-        if self.async_save:
-            trainer.logger.info('saving checkpoint %s in the background', path)
-            self._retention_due = True
-        else:
-            trainer.logger.info('saved checkpoint %s', path)
-            self._remove_old(trainer)
+        trainer.logger.info('saving checkpoint %s in the background' if self.async_save else 'saved checkpoint %s',
+                            path)
 
     def _remove_old(self, trainer):
-        self._retention_due = False
         if self.max_keep_ckpts < 0 or trainer.rank != 0:
             return
         try:
@@ -194,7 +187,7 @@ class CheckpointHook(Hook):
     def _track_best(self, trainer, filename):
         if self.best is not None:
             self.best.update(trainer, self.directory, filename,
-                             lambda path: self._write(trainer, path, update_last=False))
+                             lambda path, on_disk: self._write(trainer, path, update_last=False, on_disk=on_disk))
 
     def run_summary(self, trainer):
         return self.best.run_summary(trainer) if self.best is not None else {}

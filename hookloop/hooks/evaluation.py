@@ -76,7 +76,7 @@ class EvaluationHook(Hook):
     def _keep_best(self, trainer, filename):
         if self.best is not None:
             self.best.update(trainer, trainer.storage_dir, filename,
-                             lambda path: trainer.save_checkpoint(path, update_last=False))
+                             lambda path, on_disk: trainer.save_checkpoint(path, update_last=False, on_disk=on_disk))
 
     def run_summary(self, trainer):
         return self.best.run_summary(trainer) if self.best is not None else {}

@@ -12,10 +12,13 @@ Policies (``on_invalid``):
   the optimizer hook honours by not back-propagating it and ending the accumulation window
   that holds it without a step (its gradients are discarded); the trainer frees the
   iteration's graph at the end of the iteration, before the next forward.
-* ``'rollback'``: as ``skip``, and first restore the model and optimizer state from the last
-  good snapshot kept in memory. A snapshot (a copy of the model's and the optimizer's state
-  on their device) is taken before the first iteration and then every ``interval``
-  iterations; it becomes "good" once the forward on those weights gives a finite loss.
+* ``'rollback'``: as ``skip``, and first restore everything the optimizer step touched from
+  the last good snapshot kept in memory: the model, the optimizer state, and, through their
+  documented ``state_dict``/``load_state_dict``, the states of the hooks in roles
+  ``'optimizer'`` (GradScaler, accumulated gradients of the window) and ``'ema'`` (the
+  averages). A snapshot (a copy of them on their device) is taken before the first iteration
+  and then every ``interval`` iterations; it becomes "good" once the forward on those weights
+  gives a finite loss. The window holding the bad loss is then dropped as with ``skip``.
 
 ``skip`` and ``rollback`` cost one host sync per iteration (the decision is needed before the
 step); ``rollback`` also one state copy per ``interval`` iterations. Under DDP the verdict is
@@ -29,8 +32,10 @@ from ..errors import ConfigError, InvalidLossError
 from ..priority import Priority
 from ..registry import HOOKS
 from .base import NEVER, Hook
+from .order import role_of
 
 POLICIES = ('raise', 'skip', 'rollback')
+ROLLED_BACK_ROLES = ('optimizer', 'ema')
 
 
 @HOOKS.register_module()
@@ -78,6 +83,7 @@ class CheckInvalidLossHook(Hook):
             self._candidate = (trainer.iter, {
                 'model': {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
                 'optimizer': copy.deepcopy(trainer.optimizer.state_dict()),
+                'hooks': {hook.name: copy.deepcopy(hook.state_dict()) for hook in _rolled_back(trainer)},
             })
 
     def after_train_iter(self, trainer):
@@ -110,11 +116,22 @@ class CheckInvalidLossHook(Hook):
             trainer.optimizer.load_state_dict(copy.deepcopy(state['optimizer']))
             for group, current in zip(trainer.optimizer.param_groups, settings):
                 group.update(current)
-            trainer.logger.warning('loss is not finite at %s: %s; rolled model and optimizer back to their state '
-                                   'before iteration %d and dropped this update', where, values, good_iter + 1)
+            rolled = ['model', 'optimizer']
+            for hook in _rolled_back(trainer):
+                if hook.name in state['hooks']:
+                    hook.load_state_dict(copy.deepcopy(state['hooks'][hook.name]))
+                    rolled.append(hook.name)
+            trainer.logger.warning('loss is not finite at %s: %s; rolled %s back to their state before iteration %d '
+                                   'and dropped this update', where, values, ', '.join(rolled), good_iter + 1)
         else:
             trainer.logger.warning('loss is not finite at %s: %s; dropped this update', where, values)
         trainer.step.skip(f'loss is not finite at {where}')
+
+
+def _rolled_back(trainer):
+    """The hooks whose state the optimizer step changes, restored with the model."""
+    return [hook for hook in trainer.hooks if role_of(hook) in ROLLED_BACK_ROLES
+            and hasattr(hook, 'state_dict') and hasattr(hook, 'load_state_dict')]
 
 
 def _show(value):

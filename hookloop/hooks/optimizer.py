@@ -124,6 +124,7 @@ class OptimizerProcessor:
         self.detect_anomalous_params = bool(detect_anomalous_params)
         self.optimizer = self.scaler = None
         self._skip_window = False  # the current window holds a dropped iteration: no step at its end
+        self._skipped_run = None  # fp16: steps the GradScaler skipped in a row (a device tensor)
         self._pending_state = None  # a state loaded before the optimizer was known
         self._reported_unused = set()
         self._ddp = False
@@ -136,6 +137,7 @@ class OptimizerProcessor:
         if self.precision == 'fp16':
             self._check_fp16_params(trainer.model)
             self.scaler = build_grad_scaler(self.loss_scale, trainer.device)
+            trainer.step.loss_scaling = True  # inf/NaN gradients skip a step: not a failure by itself
             legacy = mmcv_fp16_modules(trainer.model)
             if legacy:  # MMCV-style model: its auto_fp16/force_fp32 methods choose what runs in fp16
                 for module in legacy:
@@ -242,11 +244,36 @@ class OptimizerProcessor:
             optimizer.step()
             return
         scaler.step(optimizer)  # one host sync inside torch: skip the step on inf/NaN gradients
+        self._count_skipped(trainer, scaler, optimizer)
         if isinstance(self.loss_scale, float):
             scaler.update(new_scale=self.loss_scale)  # static scale, kept fixed as MMCV does
         else:
             scaler.update()
         trainer.meters.update('loss_scale', scale_tensor(scaler))
+
+    def _count_skipped(self, trainer, scaler, optimizer):
+        """Publish ``skipped_steps``, the steps the scaler skipped in a row up to this one (a
+        device tensor, no host sync), read by the invalid-loss guard at log events."""
+        found = getattr(scaler, '_found_inf_per_device', None)  # filled by unscale_, reset by update()
+        try:
+            infs = found(optimizer) if found is not None else {}
+        except (KeyError, RuntimeError):
+            infs = {}
+        if len(infs) == 1:  # one device: a fresh 0./1. tensor of this step
+            skipped = next(iter(infs.values()))
+        elif infs:
+            skipped = (torch.stack([inf.reshape(()).to(self._count_device(infs)) for inf in infs.values()]).sum()
+                       > 0).float()
+        else:
+            return
+        run = self._skipped_run
+        # one kernel: skipped * (run + 1), i.e. the run goes on or restarts at 0
+        self._skipped_run = skipped if run is None else torch.addcmul(skipped, run, skipped)
+        trainer.meters.update('skipped_steps', self._skipped_run)
+
+    @staticmethod
+    def _count_device(infs):
+        return next(iter(infs.values())).device
 
     def _report_unused_params(self):
         unused = tuple(name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None)

@@ -19,13 +19,21 @@ class IterTimerHook(Hook):
 
     Only training is timed: a validation run inside training (per-iteration evaluation)
     is left out of ``time`` and ``data_time``, and so out of the logged ETA, wherever the
-    evaluation hook runs relative to this one.
+    evaluation hook runs relative to this one. Everything else is in: data, step, hooks and
+    checkpoint saves, also those after a read in the middle of an iteration (the invalid-loss
+    guard reads the meters before a save): the time after a read goes to the next iterations,
+    across epoch ends, never dropped.
+
+    Args:
+        clock: a zero-argument function returning seconds (default ``time.perf_counter``);
+            tests inject a fake one.
     """
 
     PRIORITY = Priority.LOW
     ROLE = 'timer'
 
-    def __init__(self):
+    def __init__(self, clock=None):
+        self._clock = clock or time.perf_counter
         self._trainer = self._start = self._val_start = None
         self._done = 0          # training iterations completed at the last hand-over
         self._data = 0.0        # trainer.step.data_seconds then
@@ -37,14 +45,15 @@ class IterTimerHook(Hook):
 
     def before_train_epoch(self, trainer):
         self._hand_over()  # the previous epoch's tail, before a logger marks the new epoch
-        self._restart(time.perf_counter())
+        if self._start is None:  # a run's first epoch; later ones go on counting (epoch-end saves)
+            self._restart(self._clock())
 
     def before_val_epoch(self, trainer):
-        self._val_start = time.perf_counter()
+        self._val_start = self._clock()
 
     def after_val_epoch(self, trainer):
         if self._val_start is not None:  # the clock pauses for validation
-            self._paused += time.perf_counter() - self._val_start
+            self._paused += self._clock() - self._val_start
         self._val_start = None
 
     def after_run(self, trainer):
@@ -66,7 +75,7 @@ class IterTimerHook(Hook):
         count = done - self._done
         if count <= 0:
             return
-        now = time.perf_counter()
+        now = self._clock()
         paused = self._paused
         if self._val_start is not None:  # read during a validation: count it up to now, go on from now
             paused += now - self._val_start
