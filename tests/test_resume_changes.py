@@ -40,8 +40,9 @@ def test_changed_lr_on_resume_is_stated_and_the_new_value_wins(tmp_path, capsys)
     capsys.readouterr()
     resumed = train(make_trainer(tmp_path, lr=0.01, resume_from='auto'))
     out = capsys.readouterr().out
-    assert "the config differs from the checkpoint's:\n  optimizer.lr: 0.05 -> 0.01: the new value is used from " \
-           'iteration 7 (the schedule is re-based on it)' in out
+    assert "the config differs from the checkpoint's:\n  optimizer.lr: 0.05 -> 0.01: from iteration 7 each param " \
+           'group takes the value a fresh run builds from the new config (the schedule is re-based on it)' in out
+    assert '  param group 0: lr 0.05 -> 0.01' in out
     assert resumed.optimizer.param_groups[0]['lr'] == 0.01
     assert resumed.iter == 10
 
@@ -54,16 +55,35 @@ def test_longer_max_epochs_is_replanned_and_stated(tmp_path, capsys):
     assert resumed.iter == 10
 
 
-def test_changed_batch_size_mid_epoch_is_refused_unless_restart_epoch(tmp_path, capsys):
-    train(make_trainer(tmp_path, epochs=3, hooks=[StopAt(6)]))  # stopped at batch 2 of epoch 2
-    refused = make_trainer(tmp_path, epochs=3, batch_size=4, resume_from='auto')
+class ListSampler(torch.utils.data.Sampler):
+    """A user's sampler: the loader is not rebuilt (it resumes by fast-forward), so its
+    position cannot be re-split over another batch size."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+def test_changed_batch_size_mid_epoch_is_refused_for_a_loader_that_cannot_resplit(tmp_path, capsys):
+    def unsplittable(work_dir, batch_size, **kwargs):
+        trainer = make_trainer(work_dir, epochs=3, batch_size=batch_size, **kwargs)
+        trainer.set_train_dataloader(DataLoader(regression_data(), batch_size=batch_size, sampler=ListSampler(40)),
+                                     max_epochs=3)
+        return trainer
+
+    train(unsplittable(tmp_path, 8, hooks=[StopAt(6)]))  # stopped at batch 2 of epoch 2
+    refused = unsplittable(tmp_path, 4, resume_from='auto')
     with pytest.raises(ConfigError, match=r"mid-epoch \(batch 2 of epoch 2\): batches per epoch changed from 5 "
                                           r"to 10 .*resume_policy='restart_epoch'"):
         refused.train()
     refused.close()
     capsys.readouterr()
-    resumed = train(make_trainer(tmp_path, epochs=3, batch_size=4, resume_from='auto',
-                                 resume_policy='restart_epoch'))
+    resumed = train(unsplittable(tmp_path, 4, resume_from='auto', resume_policy='restart_epoch'))
     assert 'continuing from the start of epoch 3 (iteration 20)' in capsys.readouterr().out
     assert resumed.iter == 30 and resumed.epoch == 3
 

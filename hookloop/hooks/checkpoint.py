@@ -82,7 +82,7 @@ class CheckpointHook(Hook):
 
     # -- stages ------------------------------------------------------------------------------
     def setup(self, trainer):
-        # Known before any state is loaded (an EMAHook(resume_from=...) loads in its before_run).
+        # Known before any state is loaded (a resume restores after setup, before before_run).
         # Checkpoints live under the storage dir (the work dir, or its URL).
         self._work_dir = trainer.storage_dir
         self.directory = storage.join(trainer.storage_dir, os.fspath(self.out_dir)) if self.out_dir \
