@@ -158,8 +158,10 @@ class CheckpointHook(Hook):
 
     def _save(self, trainer, filename):
         path = storage.join(self.directory, filename)
-        if path in self.saved:
-            return
+        if self.saved and path == self.saved[-1]:
+            return  # saved at this position already
+        if path in self.saved:  # an older file of that name: a resume re-based the iterations (another batch size)
+            self.saved.remove(path)
         self._writing = path
         try:
             self._write(trainer, path, update_last=True)
