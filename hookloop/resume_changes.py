@@ -114,12 +114,16 @@ def apply_optimizer_changes(optimizer, changes, fresh_groups):
             group[name] = value
             if initial in group or name == 'lr':
                 group[initial] = value
-            done.append(f'{name} {old!r} -> {value!r}')
+            done.append(f'{name} {_shown(old)} -> {_shown(value)}')
         if done:
             lines.append(f'  param group {index}: ' + ', '.join(done))
     if not lines:
         return [f'optimizer hyper-parameters {sorted(names)}: no param group changes ({how})']
     return [f'optimizer param groups set from the new config ({how}):\n' + '\n'.join(lines)]
+
+
+def _shown(value):
+    return f'{value:.6g}' if isinstance(value, float) else repr(value)
 
 
 def check_epoch_length(meta, iters_per_epoch, world_size, policy, path):
