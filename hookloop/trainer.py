@@ -40,7 +40,7 @@ from .position import BETWEEN, ITERATION_DONE, Position
 from .prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
 from .registry import TRAINERS
-from . import elastic_resume
+from . import elastic_resume, resume_request
 from .resume_changes import RESUME_POLICIES, apply_optimizer_changes, config_differences, describe
 from .resume_search import find_resumable, load_verified
 from .step import StepState
@@ -438,7 +438,7 @@ class Trainer:
             resume_path, resume_checkpoint = self._resume_target()
             if resume_checkpoint is not None:  # a change the data cannot follow is refused before anything runs
                 resume_point = elastic_resume.plan(self, resume_checkpoint['meta'], resume_path)
-                self._adopt_seed(resume_checkpoint['meta'])
+                resume_request.adopt_seed(self, resume_checkpoint['meta'])
         except BaseException:
             self._lock.release()
             raise
@@ -777,7 +777,7 @@ class Trainer:
         ones are skipped (logged) and left in place."""
         path = self.resume_from
         if path is None and not self.auto_resume:
-            path = self._hook_resume_request()
+            path = resume_request.asked_by_hooks(self)
         if path == 'auto' or (path is None and self.auto_resume):
             found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
                                    map_location=self.device)
@@ -789,36 +789,6 @@ class Trainer:
             return None, None
         return path, check_resumable(path, load_verified(path, map_location=self.device))
 
-    def _hook_resume_request(self):
-        """The checkpoint a hook names in its ``resume_from`` attribute (MMCV's
-        ``EMAHook(resume_from=...)``), taken at the first run of that hook only; two hooks
-        naming different checkpoints are a ConfigError."""
-        asked = {}
-        for hook in self.hooks:
-            path = getattr(hook, 'resume_from', None)
-            if isinstance(path, (str, os.PathLike)) and id(hook) not in self._set_up:
-                asked.setdefault(os.fspath(path), hook.name)
-        if len(asked) > 1:
-            raise ConfigError(f'hooks name different checkpoints to resume from: {asked}')
-        if not asked:
-            return None
-        (path, owner), = asked.items()
-        if not (storage.isfile(path) or is_sharded_checkpoint(path)):
-            raise CheckpointError(f'{owner} resume_from {path!r} does not exist or is not a file')
-        return path
-
-    def _adopt_seed(self, meta):
-        """A resumed run continues with the checkpoint's seed (data order, worker seeds)."""
-        saved = meta.get('seed')
-        if not isinstance(saved, int) or saved == self.seed:
-            return
-        if self._seed_given:
-            self.logger.warning('seed=%d is given but the checkpoint was trained with seed %d: the checkpoint\'s '
-                                'seed is kept, so the data order and the RNG states continue', self.seed, saved)
-        self.seed = saved
-        if self.train_dataloader is not None:
-            self.train_stream.seed = saved
-
     def _say_complete(self, point):
         """Log that the checkpoint resumed from already ends the planned run."""
         epochs_done = math.ceil(point.iter / self.iters_per_epoch)  # the last one may end mid-loader
@@ -829,8 +799,9 @@ class Trainer:
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
         ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
-        after ``setup`` and ``before_run``, so what hooks build there (EMA averages) gets its
-        saved state back; during a run (a hook's ``before_run``) it is restored at once."""
+        after ``setup`` and before ``before_run``, so what hooks build in ``setup`` (EMA
+        averages) gets its saved state back. During a run it is restored at once (kept for old
+        code; a hook asks for a resume with a ``resume_from`` attribute instead, docs/hooks.md)."""
         if not (storage.isfile(path) or is_sharded_checkpoint(path)):
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
         if self._running:
@@ -874,7 +845,7 @@ class Trainer:
         elastic_resume.apply(self, point)
         if point.note:
             self.logger.warning('%s', point.note)
-        self._adopt_seed(meta)
+        resume_request.adopt_seed(self, meta)
         if self.train_dataloader is not None:
             self.train_stream.seed = self.seed
             self.train_stream.load_state_dict(checkpoint.get('data'), self.epoch, self.inner_iter)
