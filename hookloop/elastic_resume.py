@@ -2,7 +2,9 @@
 
 A checkpoint of a map-style run (hookloop's :class:`~hookloop.data.ResumableBatchSampler`,
 one pass per epoch) stores its position in the epoch's global sample order,
-``meta['samples_in_epoch']``, next to ``batch_size``, ``world_size`` and ``iters_per_epoch``.
+``meta['samples_in_epoch']``, next to ``batch_size``, ``world_size``, ``iters_per_epoch`` and
+the dataset size ``epoch_samples`` (a dataset of another size is not re-split mid-epoch: its
+order is another one).
 A resume with the same shape continues at the saved batch, exactly as an uninterrupted run.
 With another shape:
 
@@ -46,7 +48,7 @@ def position_meta(trainer, inner_iter):
     sampler = elastic_sampler(trainer) if trainer.train_dataloader is not None else None
     if sampler is None:
         return {}
-    return {'batch_size': sampler.batch_size,
+    return {'batch_size': sampler.batch_size, 'epoch_samples': sampler.length,
             'samples_in_epoch': sampler.samples_before(inner_iter) if inner_iter else 0}
 
 
@@ -63,6 +65,8 @@ def plan(trainer, meta, path):
             meta.get('world_size', world) == world and meta.get('batch_size', sampler.batch_size) == sampler.batch_size:
         return keep
     samples = meta.get('samples_in_epoch')
+    if sampler is not None and meta.get('epoch_samples', sampler.length) != sampler.length:
+        samples = None  # another dataset: another order, so the saved position names other samples
     if sampler is None or saved_ipe is None or (inner and samples is None):
         if not per_epoch and not isinstance(getattr(trainer.train_dataloader, 'batch_sampler', None),
                                             ResumableBatchSampler):

@@ -848,7 +848,10 @@ class Trainer:
         resume_request.adopt_seed(self, meta)
         if self.train_dataloader is not None:
             self.train_stream.seed = self.seed
-            self.train_stream.load_state_dict(checkpoint.get('data'), self.epoch, self.inner_iter)
+            data = checkpoint.get('data')
+            if point.note and point.inner_iter == 0 and self.train_stream.per_epoch:
+                data = None  # an epoch started afresh in another shape: the saved loader state is not needed
+            self.train_stream.load_state_dict(data, self.epoch, self.inner_iter)
             elastic_resume.apply(self, point)  # the sampler's split, once the stream is at the epoch
         saved_states = checkpoint.get('hooks', {})
         for hook in self.hooks:

@@ -4,12 +4,14 @@ not yet seen, each once, and the iteration counter (and so an iteration schedule
 to where a run with the new batch size would be. World sizes: tests/test_distributed.py."""
 import math
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
+from hookloop.errors import ConfigError
 
 N = 40
 BASE_LR = 0.1
@@ -120,3 +122,15 @@ def test_mid_epoch_resumes_with_other_batch_sizes_train_every_sample_of_the_epoc
     order = torch.randperm(N, generator=torch.Generator().manual_seed(0 + 2)).tolist()
     assert last_epoch == order
     assert resumed.iter == 24 and resumed.epoch == 3
+
+
+def test_a_dataset_of_another_size_mid_epoch_is_refused_not_resplit(tmp_path):
+    """The saved position names samples of the old order; a new dataset size has another."""
+    train(make(tmp_path, 4, hooks=[StopAt(22)]))
+    grown = make(tmp_path, 4, resume_from='auto')
+    x = torch.randn(N + 8, 4)
+    grown.set_train_dataloader(DataLoader(TensorDataset(x, x.sum(1, keepdim=True), torch.arange(N + 8)),
+                                          batch_size=4, shuffle=True), max_epochs=3)
+    with pytest.raises(ConfigError, match='batches per epoch changed from 10 to 12'):
+        grown.train()
+    grown.close()

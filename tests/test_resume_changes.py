@@ -254,3 +254,26 @@ def test_resumed_run_logs_and_keeps_the_checkpoints_seed(tmp_path, capsys):
     assert 'hookloop run: seed 0,' in out and resumed.seed == 0
     for key, value in reference.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[key], value), key
+
+
+def test_stateful_dataloader_with_another_batch_size_restarts_the_epoch_without_its_old_state(tmp_path, capsys):
+    """A StatefulDataLoader's state cannot be re-split: refused mid-epoch; with
+    resume_policy='restart_epoch' the next epoch starts whole (the saved state, a position in
+    the old batches, is not loaded into it)."""
+    stateful = pytest.importorskip('torchdata.stateful_dataloader')
+
+    def run(work_dir, batch_size, **kwargs):
+        trainer = make_trainer(work_dir, epochs=3, batch_size=batch_size, **kwargs)
+        trainer.set_train_dataloader(stateful.StatefulDataLoader(regression_data(), batch_size=batch_size,
+                                                                 shuffle=True), max_epochs=3)
+        return trainer
+
+    train(run(tmp_path, 8, hooks=[StopAt(6)]))
+    refused = run(tmp_path, 4, resume_from='auto')
+    with pytest.raises(ConfigError, match='batches per epoch changed from 5 to 10'):
+        refused.train()
+    refused.close()
+    capsys.readouterr()
+    resumed = train(run(tmp_path, 4, resume_from='auto', resume_policy='restart_epoch'))
+    assert 'continuing from the start of epoch 3 (iteration 20)' in capsys.readouterr().out
+    assert resumed.iter == 30 and resumed.epoch == 3
