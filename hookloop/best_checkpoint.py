@@ -6,6 +6,7 @@ instance and state.
 """
 import math
 import os
+import re
 
 from . import storage
 from .checkpoint import inside, remove_checkpoint
@@ -128,14 +129,27 @@ class BestCheckpoint:
         path = self.path
         if path is not None and self._directory is not None and inside(path, self._directory):
             path = storage.relpath(path, self._directory)
-        return {'best_score': self.score, 'best_path': path, 'rule': self.rule}
+        return {'best_score': self.score, 'best_path': path, 'rule': self.rule, 'metric': self.metric}
 
     def load_state_dict(self, state):
+        metric = state.get('metric') or _metric_of(state.get('best_path'))
+        if self.save_best != 'auto' and metric is not None and metric != self.save_best:
+            # Another metric now: a new record under the new name. The old best file is
+            # forgotten, so it is never deleted: it stays, named best_<old metric>_*.
+            self.score = self.path = self._stored_path = None
+            return
         self.score = state.get('best_score')
         self.path, self._stored_path = None, state.get('best_path')
         if self._directory is not None:
             self.bind(self._directory)
         self.rule = self.rule or state.get('rule')
+        self.metric = self.metric or metric
+
+
+def _metric_of(path):
+    """The metric in a best file's name ``best_<metric>_<epoch_n|iter_n>.pth`` (older states)."""
+    found = re.match(r'best_(.+)_(?:epoch|iter)_\d+\.pth$', os.path.basename(path)) if isinstance(path, str) else None
+    return found.group(1) if found else None
 
 
 def _shown(path, base):

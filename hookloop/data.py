@@ -5,7 +5,9 @@
   ``seed + epoch`` — the same order ``DistributedSampler`` uses — then padded (or cut)
   to a multiple of the world size and shared out: rank r takes positions r, r+W, ...
 * Resuming at batch k of an epoch starts the sampler at k: skipped batches are never
-  loaded or collated.
+  loaded or collated. A resume with another batch size or world size continues from a
+  position in *samples* of the epoch's order instead (:meth:`ResumableBatchSampler.resume_split`,
+  ``hookloop/elastic_resume.py``): the samples not yet seen are shared out over the new ranks.
 * Each batch carries a seed derived from ``(seed, epoch, rank, batch index)``; a data-loader
   worker reseeds ``random``, NumPy and torch with it before loading the batch, so
   augmentations do not depend on which worker loads a batch or on how long workers
@@ -84,14 +86,51 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         self.seed_batches = seed_batches
         self.epoch = 0
         self.start_batch = 0
+        self._split = None  # (epoch, first sample, first batch) of an elastic resume
 
     def set_epoch(self, epoch, start_batch=0):
         self.epoch = epoch
         self.start_batch = start_batch
 
+    def resume_split(self, epoch, start_sample, start_batch):
+        """Continue pass ``epoch`` at position ``start_sample`` of its order (the samples before
+        it were trained, by another batch size or world size): when the pass is opened at
+        ``start_batch`` (``set_epoch(epoch, start_batch)``), the rest of the order is shared out
+        over this sampler's ranks and batched; they are batches ``start_batch``, ... of the pass."""
+        self._split = (epoch, start_sample, start_batch)
+
+    def _split_start(self):
+        split = self._split
+        if split is not None and split[0] == self.epoch and split[2] == self.start_batch:
+            return split[1]
+        return 0
+
+    def _rest_per_rank(self, start_sample):
+        rest = max(self.length - start_sample, 0)
+        if self.world_size == 1:
+            return rest
+        return rest // self.world_size if self.shard_drop_last else math.ceil(rest / self.world_size)
+
+    def remaining_batches(self, start_sample):
+        """Batches of this rank for the samples of an epoch's order from ``start_sample`` on."""
+        n = self._rest_per_rank(start_sample)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def samples_before(self, batch):
+        """Position in the current epoch's order (samples, over all ranks) once ``batch``
+        batches of the pass are done: where a resume continues."""
+        if batch >= len(self):
+            return self.length
+        start = self._split_start()  # the pass was opened at an elastic resume's split
+        first = self.start_batch if start else 0
+        return min(start + max(batch - first, 0) * self.batch_size * self.world_size, self.length)
+
     def indices(self):
         """This rank's sample indices for the current epoch, in order."""
         order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
+        start = self._split_start()
+        if start:
+            return shard(order[start:], self.rank, self.world_size, self.shard_drop_last)
         return shard(order, self.rank, self.world_size, self.shard_drop_last)
 
     def num_samples(self):
@@ -107,8 +146,9 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         indices, size = self.indices(), self.batch_size
+        skipped = self.start_batch if self._split_start() else 0  # a split pass's list starts at start_batch
         for batch_index in range(self.start_batch, len(self)):
-            batch = indices[batch_index * size:(batch_index + 1) * size]
+            batch = indices[(batch_index - skipped) * size:(batch_index - skipped + 1) * size]
             if self.seed_batches:  # only workers seed (the main process fetches a plain list)
                 batch = SeededBatch(batch)
                 batch.seed_key = (self.seed, self.epoch, self.rank, batch_index)

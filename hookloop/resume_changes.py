@@ -1,17 +1,23 @@
 """What changed between the run that wrote a checkpoint and the run resuming from it.
 
 The saved config (``meta['config']``) is compared with the current one and every
-difference is logged in one block, each with the rule that applies:
+difference is logged in one block, each with the rule that applies (``docs/checkpoints.md``
+has the table; each rule has a test in ``tests/test_resume_changes.py``):
 
-* ``optimizer.<hyperparameter>`` (``lr``, ``weight_decay``, ...): the new value wins from
-  the resumed iteration; for ``lr`` the schedule is re-based on it (``initial_lr``).
+* ``optimizer.<hyperparameter>`` and ``optimizer.paramwise_cfg``: the param groups are built
+  again from the current config, as a fresh run builds them (multipliers, decay rules), and
+  each group takes the new values; the groups that changed are listed. ``lr`` re-bases the
+  schedule (``initial_lr``).
 * ``lr_config`` / ``momentum_config``: the new schedule applies from the resumed iteration.
 * ``max_epochs`` / ``max_iters``: the schedule is re-planned over the new length.
+* ``*.save_best``: a new best record starts under the new metric; the old best file stays.
+* ``seed``: the checkpoint's seed is kept (the data order and the RNG states continue).
 * anything else: the new value is used.
 
-A change of the number of batches per epoch (batch size, world size, dataset size) in the
-middle of an epoch is refused: the sampler position would no longer name the same samples.
-``resume_policy='restart_epoch'`` continues from the start of the next epoch instead.
+A change of the epoch's shape (batch size, world size) is followed by
+:mod:`hookloop.elastic_resume` where the loader allows it; otherwise a mid-epoch change is
+refused (:func:`check_epoch_length`), and ``resume_policy='restart_epoch'`` continues from the
+start of the next epoch instead.
 """
 from collections.abc import Mapping
 
@@ -37,34 +43,87 @@ def config_differences(saved, current, prefix=''):
     return changes
 
 
-def rule_for(key, iteration):
-    if key.startswith('optimizer.') and key.count('.') == 1 and key != 'optimizer.type':
+def rule_for(key, iteration, saved_seed=None):
+    if key.startswith('optimizer.') and key not in ('optimizer.type', 'optimizer.constructor'):
         extra = ' (the schedule is re-based on it)' if key == 'optimizer.lr' else ''
-        return f'the new value is used from iteration {iteration}{extra}'
+        return (f'from iteration {iteration} each param group takes the value a fresh run builds from the '
+                f'new config{extra}')
     if key.startswith(('lr_config', 'momentum_config')):
         return f'the new schedule applies from iteration {iteration}'
     if key in ('max_epochs', 'max_iters'):
         return 'the schedule is re-planned over the new length'
+    if key.endswith('.save_best'):
+        return 'a new best record starts under the new metric; the old best checkpoint file stays'
+    if key == 'seed':
+        kept = f' ({saved_seed})' if saved_seed is not None else ''
+        return f"the checkpoint's seed{kept} is kept: the data order and the RNG states continue"
     return 'the new value is used'
 
 
-def describe(changes, iteration):
-    lines = [f'  {key}: {old!r} -> {new!r}: {rule_for(key, iteration)}' for key, old, new in changes]
+def describe(changes, iteration, saved_seed=None):
+    lines = [f'  {key}: {old!r} -> {new!r}: {rule_for(key, iteration, saved_seed)}' for key, old, new in changes]
     return 'the config differs from the checkpoint\'s:\n' + '\n'.join(lines)
 
 
-def apply_optimizer_changes(optimizer, changes):
-    """After ``optimizer.load_state_dict``: put back the hyperparameters the current config
-    changed (the loaded state brought the old ones)."""
-    for key, _, new in changes:
-        name = key[len('optimizer.'):] if key.startswith('optimizer.') else None
-        if name is None or '.' in name or name == 'type' or new == '<absent>':
+def changed_hyperparameters(changes):
+    """The param-group entries a config change touches: ``optimizer.<name>`` itself, and
+    ``lr`` / ``weight_decay`` for a ``paramwise_cfg`` change (its multipliers)."""
+    names = set()
+    for key, _, _ in changes:
+        if not key.startswith('optimizer.'):
             continue
-        for group in optimizer.param_groups:
-            if name in group:
-                group[name] = tuple(new) if isinstance(group[name], tuple) else new
-                if name == 'lr':
-                    group['initial_lr'] = new
+        name = key[len('optimizer.'):]
+        if name.startswith('paramwise_cfg'):
+            names.update(('lr', 'weight_decay'))
+        elif '.' not in name and name not in ('type', 'constructor'):
+            names.add(name)
+    return names
+
+
+def apply_optimizer_changes(optimizer, changes, fresh_groups):
+    """After ``optimizer.load_state_dict``: the hyperparameters the current config changed
+    (the loaded state brought the old ones) are set group by group to what a fresh run's
+    construction gives (``fresh_groups()``: those groups, or None when the optimizer was
+    passed built: then the new value is set on every group). Returns the log lines."""
+    names = changed_hyperparameters(changes)
+    if not names:
+        return []
+    fresh = fresh_groups()
+    groups = optimizer.param_groups
+    if fresh is None:
+        new = {key[len('optimizer.'):]: value for key, _, value in changes}
+        fresh = [{name: new[name] for name in names if name in new and new[name] != '<absent>'} for _ in groups]
+        how = 'the optimizer was passed built, so each group takes the config\'s value'
+    else:
+        how = 'as a fresh run builds them'
+    if len(fresh) != len(groups):
+        raise ConfigError(f'the optimizer config now builds {len(fresh)} param groups, the checkpoint has '
+                          f'{len(groups)}: its state cannot be carried over')
+    lines = []
+    for index, (group, new_group) in enumerate(zip(groups, fresh)):
+        done = []
+        for name in sorted(names):
+            if name not in new_group or name not in group:
+                continue
+            value = new_group[name]
+            value = tuple(value) if isinstance(group[name], tuple) else value
+            initial = f'initial_{name}'
+            old = group.get(initial, group[name])
+            if old == value:
+                continue
+            group[name] = value
+            if initial in group or name == 'lr':
+                group[initial] = value
+            done.append(f'{name} {_shown(old)} -> {_shown(value)}')
+        if done:
+            lines.append(f'  param group {index}: ' + ', '.join(done))
+    if not lines:
+        return [f'optimizer hyper-parameters {sorted(names)}: no param group changes ({how})']
+    return [f'optimizer param groups set from the new config ({how}):\n' + '\n'.join(lines)]
+
+
+def _shown(value):
+    return f'{value:.6g}' if isinstance(value, float) else repr(value)
 
 
 def check_epoch_length(meta, iters_per_epoch, world_size, policy, path):

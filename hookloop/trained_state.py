@@ -8,6 +8,7 @@ from the model as built (e.g. from the base pipeline directory); a fingerprint o
 contents, stored in the checkpoint, makes sure it is the same frozen part it was saved
 with, so a different base is refused instead of silently mixed in.
 """
+import contextlib
 import hashlib
 import weakref
 
@@ -16,11 +17,30 @@ import torch
 from .errors import CheckpointError
 
 
+@contextlib.contextmanager
+def training_mode(model):
+    """``model`` as training runs it (``model.train()``, which a model may override to keep a
+    frozen BatchNorm in eval mode), then every module's own mode back: what is trained does
+    not depend on when a checkpoint is saved or loaded (during validation, before the run)."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.train()
+    try:
+        yield model
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
 def trained_keys(model):
     """The ``model.state_dict()`` keys of trainable parameters, and of the buffers of modules
-    that own a trainable parameter or are in training mode (a frozen BatchNorm left in
-    training mode still updates its running statistics: they are part of what training
-    changes)."""
+    that own a trainable parameter or are in training mode when the model trains
+    (:func:`training_mode`; a frozen BatchNorm left in training mode still updates its running
+    statistics: they are part of what training changes)."""
+    with training_mode(model):
+        return _trained_keys(model)
+
+
+def _trained_keys(model):
     keys = set()
     for prefix, module in model.named_modules():
         own = list(module.named_parameters(recurse=False))

@@ -23,7 +23,7 @@ from . import storage
 from .compile import compile_model, compile_options
 from .checkpoint import get_rng_state, load_checkpoint, set_rng_state
 from .checkpoint import write_checkpoint as write_checkpoint_file
-from .data import ResumableBatchSampler, seed_everything, set_loader_epoch
+from .data import seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
@@ -41,8 +41,8 @@ from .position import BETWEEN, ITERATION_DONE, Position
 from .prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
 from .registry import TRAINERS
-from .resume_changes import (RESUME_POLICIES, apply_optimizer_changes, check_epoch_length, config_differences,
-                             describe)
+from . import elastic_resume, resume_request
+from .resume_changes import RESUME_POLICIES, apply_optimizer_changes, config_differences, describe
 from .resume_search import find_resumable, load_verified
 from .restore_checks import check_optimizer_fits
 from .step import StepState
@@ -184,11 +184,12 @@ class Trainer:
         self.storage_dir, self.work_dir = self._make_work_dir(work_dir)
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
+        seed_given = seed is not None
         if seed is None:
             seed = broadcast_object(random.SystemRandom().randrange(2 ** 31))
         elif isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f'seed must be an int or None, got {seed!r}')
-        self.seed = seed
+        self.seed, self._seed_given = seed, seed_given
         seed_everything(seed)
 
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
@@ -211,6 +212,7 @@ class Trainer:
         self.profile_hooks = profile_hooks
         self.hook_timings = {}  # (hook name, stage) -> [seconds, calls], with profile_hooks
         self.optimizer = build_optimizer(optimizer, self.model)
+        self._optimizer_cfg = optimizer if isinstance(optimizer, Mapping) else None  # a resume rebuilds its groups
         self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
         self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
         self.val_evaluator = build_evaluator(val_evaluator)
@@ -444,16 +446,19 @@ class Trainer:
         self._claim_work_dir()
         try:
             resume_path, resume_checkpoint = self._resume_target()
+            if resume_checkpoint is not None:  # a change the data cannot follow is refused before anything runs
+                resume_point = elastic_resume.plan(self, resume_checkpoint['meta'], resume_path)
+                resume_request.adopt_seed(self, resume_checkpoint['meta'])
         except BaseException:
             self._lock.release()
             raise
-        if resume_checkpoint is not None and resume_checkpoint['meta'].get('iter', 0) >= self.max_iters:
+        if resume_checkpoint is not None and resume_point.iter >= self.max_iters:
             try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
                 self._setup_hooks()
                 self._restore(resume_path, resume_checkpoint)
             finally:
                 self._lock.release()
-            self._say_complete(resume_checkpoint['meta'])
+            self._say_complete(resume_point)
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
@@ -467,10 +472,10 @@ class Trainer:
             if self.load_from is not None and resume_path is None:
                 self.load_weights(self.load_from)
             self._setup_hooks()
-            self.call_hook('before_run')
-            if resume_path is not None:
+            if resume_path is not None:  # the trainer's job: before before_run, so every hook starts from it
                 self._restore(resume_path, resume_checkpoint)
                 run_start = (run_start[0], self.iter)
+            self.call_hook('before_run')
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
         except BaseException as exc:
@@ -701,6 +706,7 @@ class Trainer:
         ``save_frozen=False`` the weights are only the trained ones (``hookloop.trained_state``)."""
         checkpoint = {
             'meta': {**self.position.state_dict(), 'seed': self.seed,
+                     **elastic_resume.position_meta(self, self.position.resume_point()[2]),
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
                      'time': time.strftime('%Y-%m-%d %H:%M:%S'),
@@ -794,6 +800,8 @@ class Trainer:
         ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
         ones are skipped (logged) and renamed aside (``<name>.damaged``)."""
         path = self.resume_from
+        if path is None and not self.auto_resume:
+            path = resume_request.asked_by_hooks(self)
         if path == 'auto' or (path is None and self.auto_resume):
             found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
                                    map_location=self.device, rename_damaged=self.rank == 0)
@@ -805,18 +813,19 @@ class Trainer:
             return None, None
         return path, check_resumable(path, load_verified(path, map_location=self.device))
 
-    def _say_complete(self, meta):
+    def _say_complete(self, point):
         """Log that the checkpoint resumed from already ends the planned run."""
-        epochs_done = math.ceil(meta['iter'] / self.iters_per_epoch)  # the last one may end mid-loader
+        epochs_done = math.ceil(point.iter / self.iters_per_epoch)  # the last one may end mid-loader
         self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
-                         epochs_done, meta['iter'], 'epochs' if self.by_epoch else 'iters',
+                         epochs_done, point.iter, 'epochs' if self.by_epoch else 'iters',
                          self.max_epochs if self.by_epoch else self.max_iters)
 
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
         ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
-        after ``setup`` and ``before_run``, so what hooks build there (EMA averages) gets its
-        saved state back; during a run (a hook's ``before_run``) it is restored at once."""
+        after ``setup`` and before ``before_run``, so what hooks build in ``setup`` (EMA
+        averages) gets its saved state back. During a run it is restored at once (kept for old
+        code; a hook asks for a resume with a ``resume_from`` attribute instead, docs/hooks.md)."""
         if not (storage.isfile(path) or is_sharded_checkpoint(path)):
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
         if self._running:
@@ -834,7 +843,7 @@ class Trainer:
             if checkpoint is None:
                 checkpoint = load_verified(path, map_location=self.device)
             check_resumable(path, checkpoint)
-            restart = self._check_epoch_length(checkpoint['meta'], path)
+            point = elastic_resume.plan(self, checkpoint['meta'], path)  # may refuse, before anything is loaded
             try:
                 frozen = checkpoint['meta'].get('frozen')
                 if frozen is not None and not frozen.get('saved', True):
@@ -849,23 +858,26 @@ class Trainer:
                 raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
         meta = checkpoint['meta']
         if is_sharded_checkpoint(path):
-            restart = self._check_epoch_length(meta, path)
-        changes = self._config_changes(meta)
+            point = elastic_resume.plan(self, meta, path)
+        changes = self._config_changes(meta, point.iter)
         if changes and self.optimizer is not None:
-            apply_optimizer_changes(self.optimizer, changes)
-        if meta.get('world_size', self.world_size) != self.world_size:  # the sharding of each epoch changes
+            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups):
+                self.logger.warning('%s', line)
+        if meta.get('world_size', self.world_size) != self.world_size and not point.note:
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
                                 'from the original run', path, meta['world_size'], self.world_size)
         self.position.load_state_dict(meta)
-        if restart is not None:
-            self.epoch, self.iter, self.inner_iter = restart
-            self.logger.warning("resume_policy='restart_epoch': %s has %d batches per epoch, this run %d; "
-                                'continuing from the start of epoch %d (iteration %d)', path,
-                                meta['iters_per_epoch'], self.iters_per_epoch, self.epoch + 1, self.iter)
-        self.seed = meta.get('seed', self.seed)
+        elastic_resume.apply(self, point)
+        if point.note:
+            self.logger.warning('%s', point.note)
+        resume_request.adopt_seed(self, meta)
         if self.train_dataloader is not None:
             self.train_stream.seed = self.seed
-            self.train_stream.load_state_dict(checkpoint.get('data'), self.epoch, self.inner_iter)
+            data = checkpoint.get('data')
+            if point.note and point.inner_iter == 0 and self.train_stream.per_epoch:
+                data = None  # an epoch started afresh in another shape: the saved loader state is not needed
+            self.train_stream.load_state_dict(data, self.epoch, self.inner_iter)
+            elastic_resume.apply(self, point)  # the sampler's split, once the stream is at the epoch
         saved_states = checkpoint.get('hooks', {})
         for hook in self.hooks:
             if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
@@ -885,21 +897,20 @@ class Trainer:
                          self.inner_iter)
         return checkpoint
 
-    def _check_epoch_length(self, meta, path):
-        # Only a map-style loader's position is a batch index into a permutation of the whole
-        # dataset; streams carry their own position (train_stream.py) and re-plan themselves.
-        if not isinstance(getattr(self.train_dataloader, 'batch_sampler', None), ResumableBatchSampler):
+    def _fresh_param_groups(self):
+        """The param groups a fresh run builds from the optimizer config (None: built by the user)."""
+        if self._optimizer_cfg is None:
             return None
-        return check_epoch_length(meta, self.iters_per_epoch, self.world_size, self.resume_policy, path)
+        return build_optimizer(self._optimizer_cfg, self.model).param_groups
 
-    def _config_changes(self, meta):
+    def _config_changes(self, meta, iteration):
         """Log, in one block, how the current config differs from the checkpoint's."""
         saved, current = meta.get('config'), plain(self.cfg) if self.cfg is not None else None
         if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
             return []
         changes = config_differences(saved, current)
         if changes:
-            self.logger.warning('%s', describe(changes, meta['iter']))
+            self.logger.warning('%s', describe(changes, iteration, meta.get('seed')))
         return changes
 
     def load_weights(self, path, strict=True, revise_keys=None):

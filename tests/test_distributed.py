@@ -5,6 +5,7 @@ Every launch costs process start-up (seconds on a small machine), so one launch 
 plain PyTorch loops written here over the same model, data and order.
 """
 import json
+import math
 import os
 import re
 import signal
@@ -325,3 +326,67 @@ def test_two_torchrun_agents_train_like_one_standalone_job(tmp_path, main_run):
         for key in standalone:
             assert torch.equal(result['weights'][key], standalone[key]), key
     assert nodes == {0, 1}  # one process on each agent
+
+
+# -- elastic resume across world sizes (issue 23) ------------------------------------------------
+import elastic_worker as E  # noqa: E402
+
+ELASTIC = os.path.join(ROOT, 'tests', 'dist', 'elastic_worker.py')
+
+
+@pytest.fixture(scope='module')
+def elastic_runs(tmp_path_factory):
+    """Three launches: 2-rank runs (DDP, FSDP2) saving; one rank resuming them and saving its
+    own; 2 ranks resuming those. Each saves at an epoch boundary and mid-epoch."""
+    out = tmp_path_factory.mktemp('elastic')
+    for nproc, args in ((2, ['save']), (1, ['save,resume', '2']), (2, ['resume', '1'])):
+        check_ok(torchrun(None, out, nproc=nproc, program=[ELASTIC, args[0], str(out), *args[1:]])[0])
+    return out
+
+
+def _records(out, tag, world):
+    return [row for rank in range(world) for row in torch.load(out / f'records_{tag}_rank{rank}.pt')]
+
+
+def _cosine(t, total):
+    return 0.5 * E.LR * (1 + math.cos(math.pi * t / total))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not W.fsdp2_available(), reason='this torch has no FSDP2 (fully_shard)')
+@pytest.mark.parametrize('strategy', E.STRATEGIES)
+@pytest.mark.parametrize('saved_on, resumed_on', [(2, 1), (1, 2)], ids=['2to1', '1to2'])
+def test_elastic_resume_to_another_world_size_trains_each_sample_of_the_epoch_once(elastic_runs, strategy,
+                                                                                     saved_on, resumed_on):
+    """From an epoch-boundary and a mid-epoch checkpoint of a ``saved_on``-rank run (per-rank
+    batch 4, so the epoch has 6 or 12 iterations): the resumed ``resumed_on``-rank run trains
+    every sample of the interrupted epoch not seen before the save, once in total over its
+    ranks; model, momentum and EMA are restored bit for bit; the iteration is re-based and the
+    cosine LR follows the new length (iteration t of 3 * iters_per_epoch)."""
+    out = elastic_runs
+    per_epoch = {w: E.N // (E.BATCH * w) for w in (1, 2)}
+    original = _records(out, f'{strategy}_w{saved_on}', saved_on)
+    for n in E.save_points(saved_on):
+        tag = f'{strategy}_w{saved_on}_{n}_on_w{resumed_on}'
+        resumed = _records(out, tag, resumed_on)
+        epoch, done = divmod(n, per_epoch[saved_on])  # the checkpoint's epoch and batches done in it
+        seen = done * E.BATCH * saved_on
+        left = (E.N - seen) // resumed_on
+        first = epoch * per_epoch[resumed_on] + per_epoch[resumed_on] - math.ceil(left / E.BATCH)
+        assert min(it for _, it, _, _ in resumed) == first, tag
+        before = [i for e, it, _, ids in original if e == epoch and it < n for i in ids]
+        during = [i for e, _, _, ids in resumed if e == epoch for i in ids]
+        assert len(before) == seen and sorted(before + during) == list(range(E.N)), tag
+        for e in range(epoch + 1, E.EPOCHS):  # later epochs: whole, in the new shape
+            assert sorted(i for ep, _, _, ids in resumed if ep == e for i in ids) == list(range(E.N)), tag
+        total = E.EPOCHS * per_epoch[resumed_on]
+        for _, it, lr, _ in resumed:
+            assert math.isclose(lr, _cosine(it, total), rel_tol=1e-9, abs_tol=1e-12), (tag, it, lr)
+        saved = torch.load(out / f'saved_{strategy}_w{saved_on}_{n}.pt')
+        loaded = torch.load(out / f'loaded_{tag}.pt')
+        assert loaded['iter'] == first
+        for part in ('model', 'momentum', 'ema'):
+            assert saved[part].keys() == loaded[part].keys() and saved[part], (tag, part)
+            for key in saved[part]:
+                assert torch.equal(saved[part][key], loaded[part][key]), (tag, part, key)

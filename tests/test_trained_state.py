@@ -27,15 +27,24 @@ class FrozenBackboneModel(nn.Module):
         return nn.functional.mse_loss(self.head(self.backbone(x)), y)
 
 
+class EvalBackboneModel(FrozenBackboneModel):
+    """The usual fine-tuning model: its ``train()`` keeps the frozen backbone (its BatchNorm) in eval mode."""
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.backbone.eval()
+        return self
+
+
 def data():
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(32, 4, generator=generator)
     return torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
 
 
-def trainer(work_dir, max_iters=8, backbone_seed=0, **kwargs):
+def trainer(work_dir, max_iters=8, backbone_seed=0, model_class=FrozenBackboneModel, **kwargs):
     kwargs.setdefault('checkpoint_config', dict(interval=4, by_epoch=False, save_frozen=False))
-    return Trainer(FrozenBackboneModel(backbone_seed), optimizer=dict(type='AdamW', lr=1e-2),
+    return Trainer(model_class(backbone_seed), optimizer=dict(type='AdamW', lr=1e-2),
                    train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True), max_iters=max_iters,
                    work_dir=str(work_dir), seed=0, device='cpu', log_level='WARNING', **kwargs)
 
@@ -48,8 +57,25 @@ FROZEN_BN_STATS = {'backbone.1.running_mean', 'backbone.1.running_var', 'backbon
 def test_trained_keys_are_trainable_parameters_and_buffers_that_training_changes():
     model = FrozenBackboneModel()
     assert trained_keys(model) == HEAD | FROZEN_BN_STATS  # the frozen BatchNorm still updates in train mode
-    model.backbone.eval()
-    assert trained_keys(model) == HEAD
+    # What trains is what model.train() leaves in training mode, whatever the current modes are
+    # (a checkpoint is saved during validation and checked before the run starts): issue 23 item 7.
+    model.eval()
+    assert trained_keys(model) == HEAD | FROZEN_BN_STATS and not model.training
+    kept = EvalBackboneModel()
+    assert trained_keys(kept) == HEAD and kept.backbone.training  # built in train mode, left so
+    kept.eval()
+    assert trained_keys(kept) == HEAD and not kept.head.training
+
+
+def test_resume_of_a_model_whose_train_keeps_the_frozen_batchnorm_in_eval(tmp_path):
+    """Issue 23 item 7: saved while training (the backbone's BatchNorm in eval, so its statistics
+    are frozen and fingerprinted), checked on a freshly built model (all in train mode): the same
+    frozen weights, accepted, and the resumed run ends as an uninterrupted one."""
+    reference = train(trainer(tmp_path / 'reference', model_class=EvalBackboneModel))
+    first = train(trainer(tmp_path / 'run', max_iters=4, model_class=EvalBackboneModel))
+    resumed = train(trainer(tmp_path / 'run', model_class=EvalBackboneModel, resume_from=read_pointer(first.work_dir)))
+    for key, value in reference.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
 
 
 def test_checkpoint_omits_frozen_weights_and_resume_is_exact(tmp_path):

@@ -81,7 +81,7 @@ class CheckpointHook(Hook):
 
     # -- stages ------------------------------------------------------------------------------
     def setup(self, trainer):
-        # Known before any state is loaded (an EMAHook(resume_from=...) loads in its before_run).
+        # Known before any state is loaded (a resume restores after setup, before before_run).
         # Checkpoints live under the storage dir (the work dir, or its URL).
         self._work_dir = trainer.storage_dir
         self.directory = storage.join(trainer.storage_dir, os.fspath(self.out_dir)) if self.out_dir \
@@ -152,8 +152,10 @@ class CheckpointHook(Hook):
 
     def _save(self, trainer, filename):
         path = storage.join(self.directory, filename)
-        if path in self.saved:
-            return
+        if self.saved and path == self.saved[-1]:
+            return  # saved at this position already
+        if path in self.saved:  # an older file of that name: a resume re-based the iterations (another batch size)
+            self.saved.remove(path)
         self._writing = path
 
         def on_disk():  # only once the new file is on disk may older ones go

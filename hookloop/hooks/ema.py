@@ -48,8 +48,10 @@ class EMAHook(Hook):
         momentum: weight of the new parameter value, in (0, 1).
         interval: update every ``interval`` iterations.
         warm_up: the ``warm_up`` of the momentum formula above (0: no warm-up).
-        resume_from: a checkpoint to resume the whole run from at the start of the run (as in
-            MMCV); the trainer's ``resume_from``/``auto_resume`` does the same and is preferred.
+        resume_from: a checkpoint to resume the whole run from (as in MMCV). The trainer reads
+            this attribute (the ``resume_from`` contract of docs/hooks.md) and resumes at the start
+            of the hook's first run, after ``setup`` and before ``before_run``, as with the trainer's
+            own ``resume_from``, which is preferred (and wins when both are given).
         swap: evaluate with the averaged weights: they are swapped into the model for each
             validation loop and swapped back after it (training continues on the raw weights).
     """
@@ -72,7 +74,6 @@ class EMAHook(Hook):
         self.interval, self.warm_up, self.resume_from, self.swap = interval, warm_up, resume_from, swap
         self.averages = None  # parameter name -> averaged tensor
         self._swapped = False
-        self._resumed = False
 
     def setup(self, trainer):
         self._model = trainer.model
@@ -83,11 +84,6 @@ class EMAHook(Hook):
         self._pairs = ([self.averages[n] for n in self._parameters], list(self._parameters.values()))
         if loaded is not None:
             self.load_state_dict({'averages': loaded})
-
-    def before_run(self, trainer):
-        if self.resume_from is not None and not self._resumed:  # once: not again after a stop
-            self._resumed = True
-            trainer.resume(self.resume_from)
 
     def after_load_checkpoint(self, trainer, checkpoint):
         if self.name not in checkpoint.get('hooks', {}):  # a checkpoint saved without this hook

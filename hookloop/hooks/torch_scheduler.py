@@ -72,13 +72,22 @@ class TorchSchedulerHook(Hook):
                               f'optimizer -> scheduler; got {scheduler!r} (ReduceLROnPlateau is not supported)')
         self.scheduler = scheduler if self._build is None else None
         self.by_epoch = by_epoch
+        self._pending = None  # a checkpoint's scheduler state, loaded before the scheduler is built
 
     def before_run(self, trainer):
         if self._build is not None and self.scheduler is None:
+            # Building steps the scheduler once, which rewrites the groups' lr; a resumed run
+            # (restored before before_run) keeps the checkpoint's values and the saved state.
+            lrs = [group['lr'] for group in trainer.optimizer.param_groups]
             self.scheduler = self._build(trainer.optimizer)
             if not isinstance(self.scheduler, torch.optim.lr_scheduler.LRScheduler):
                 raise ConfigError(f'{type(self).__name__}: the scheduler function returned '
                                   f'{type(self.scheduler).__name__}, not a torch LRScheduler')
+            if self._pending is not None:
+                self.scheduler.load_state_dict(self._pending)
+                self._pending = None
+                for group, lr in zip(trainer.optimizer.param_groups, lrs):
+                    group['lr'] = lr
         if self.scheduler.optimizer is not trainer.optimizer:
             raise ConfigError(f'{type(self).__name__}: the scheduler was built on another optimizer than the '
                               "trainer's; pass a dict or a function optimizer -> scheduler instead")
@@ -103,7 +112,11 @@ class TorchSchedulerHook(Hook):
         return {'scheduler': self.scheduler.state_dict() if self.scheduler is not None else None}
 
     def load_state_dict(self, state):
-        if state.get('scheduler') is not None:
+        if state.get('scheduler') is None:
+            return
+        if self.scheduler is None:  # built from a dict or a function in before_run: loaded there
+            self._pending = state['scheduler']
+        else:
             self.scheduler.load_state_dict(state['scheduler'])
 
 
