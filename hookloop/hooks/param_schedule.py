@@ -284,6 +284,9 @@ class AnnealingPolicy:
     def init_policy(self, min_value, min_ratio):
         check_min_value(type(self).__name__, self.VALUE_NAME, min_value, min_ratio)
         self.min_value, self.min_ratio = min_value, min_ratio
+        # MMCV's names too (min_lr / min_lr_ratio, min_momentum / ...), which subclasses written for it read
+        setattr(self, f'min_{self.VALUE_NAME}', min_value)
+        setattr(self, f'min_{self.VALUE_NAME}_ratio', min_ratio)
 
     def target(self, base):
         return base * self.min_ratio if self.min_ratio is not None else self.min_value
