@@ -427,12 +427,14 @@ class Trainer:
         self.stop_reason = reason
 
     def wake(self, hook):
-        """Call ``hook`` at its training-iteration stages at the latest in the next iteration,
-        whatever its :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such
-        as a new meter summary). No effect outside ``train()`` or on hooks called every iteration."""
+        """Call ``hook`` at its training-iteration stages in the next iteration, whatever its
+        :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such as a new meter
+        summary); a wake between epochs: in the next epoch's first. Always the next, never the
+        current one, so a woken hook is called at the same iterations however the others are
+        scheduled. No effect outside ``train()`` or on hooks called every iteration."""
         if self._iteration_stages is not None:
             for stage in self._iteration_stages.values():
-                stage.wake(hook, self.position.iter)
+                stage.wake(hook, self.position.iter + 1)
 
     def replan(self, hook=None):
         """Ask ``hook`` (None: every hook) again when its training-iteration stages are next
