@@ -10,6 +10,7 @@ import math
 import os
 import random
 import time
+import weakref
 from collections.abc import Mapping
 from operator import attrgetter
 
@@ -29,9 +30,9 @@ from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
 from .hook_list import HookList
-from .hooks.base import ITERATION_STAGES, SETUP_STAGE, STAGES
+from .hooks.base import SETUP_STAGE, STAGES
 from .hooks.order import role_of
-from .iteration_calls import IterationStage
+from .iteration_calls import iteration_stages
 from .log import close_logger, create_logger, start_log_file
 from .meters import MeterBuffer
 from .paths import check_can_create_dir, ensure_writable_dir
@@ -230,7 +231,9 @@ class Trainer:
 
         self._hook_list = HookList()
         self._dispatch = self._iteration_stages = None
-        self._set_up = set()  # ids of the hooks whose setup() ran
+        self._set_up = {}  # id(hook) -> a weak reference to the hook whose setup() ran
+        self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
+        self._in_epoch = False  # the iteration stages are planned: other stages' calls ask again
         self._running = False
         self._lock = WorkDirLock(self.work_dir)  # the local work dir (for a URL run: its local mirror)
         self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
@@ -374,16 +377,22 @@ class Trainer:
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
                               for stage, hooks in table.items()}
-            self._iteration_stages = {stage: IterationStage(stage, table[stage], self._dispatch[stage], self._call_each)
-                                      for stage in ITERATION_STAGES}
+            self._iteration_stages = iteration_stages(table, self._dispatch, self._call_each)
         return self._hook_list.stage_table()
 
     def _setup_hooks(self):
         """``setup(trainer)`` once per hook and trainer, in the order of the setup stage."""
         for hook, method in zip(self._hook_list.stage_table()[SETUP_STAGE], self._dispatch[SETUP_STAGE]):
-            if id(hook) not in self._set_up:
-                self._set_up.add(id(hook))
+            if not self._was_set_up(hook):
+                try:
+                    self._set_up[id(hook)] = weakref.ref(hook)  # a new hook reusing a dead one's id: ref() is None
+                except TypeError:  # no weak references to it: hold the hook itself
+                    self._set_up[id(hook)] = lambda hook=hook: hook
                 method(self)
+
+    def _was_set_up(self, hook):
+        ref = self._set_up.get(id(hook))
+        return ref is not None and ref() is hook
 
     def _timed(self, hook, stage):
         """``hook``'s ``stage`` method, adding its run time to ``hook_timings``."""
@@ -408,6 +417,9 @@ class Trainer:
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
         self._call_each(self._dispatch[stage], stage, *args)
+        if self._in_epoch:  # during an epoch (a validation, a save): what they did may move a schedule
+            for hook in self._hook_list.stage_table()[stage]:
+                self.replan(hook)
 
     def _call_each(self, methods, stage, *args):
         """Call each of ``methods`` (one stage's dispatch list); a user error gets a note that
@@ -427,12 +439,23 @@ class Trainer:
         self.stop_reason = reason
 
     def wake(self, hook):
-        """Call ``hook`` at its training-iteration stages at the latest in the next iteration,
-        whatever its :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such
-        as a new meter summary). No effect outside ``train()`` or on hooks called every iteration."""
+        """Call ``hook`` at its training-iteration stages in the next iteration, whatever its
+        :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such as a new meter
+        summary); a wake between epochs: in the next epoch's first. Always the next, never the
+        current one, so a woken hook is called at the same iterations however the others are
+        scheduled. No effect outside ``train()`` or on hooks called every iteration."""
         if self._iteration_stages is not None:
             for stage in self._iteration_stages.values():
-                stage.wake(hook, self.position.iter)
+                stage.wake(hook, self.position.iter + 1)
+
+    def replan(self, hook=None):
+        """Ask ``hook`` (None: every hook) again when its training-iteration stages are next
+        due (:meth:`~hookloop.Hook.next_call`): a hook calls this when something its schedule
+        depends on changed outside its own calls (another hook set its interval). No effect
+        outside an epoch: every epoch's start asks anyway."""
+        if self._in_epoch:
+            for stage in self._iteration_stages.values():
+                stage.replan(self, hook)
 
     # -- training --------------------------------------------------------------------------
     def train(self):
@@ -469,12 +492,13 @@ class Trainer:
         self._hook_list.frozen = 'while train() runs'
         run_start = (time.perf_counter(), self.iter)
         try:
-            if self.load_from is not None and resume_path is None:
+            if self.load_from is not None and resume_path is None and not self._started:
                 self.load_weights(self.load_from)
             self._setup_hooks()
             if resume_path is not None:  # the trainer's job: before before_run, so every hook starts from it
                 self._restore(resume_path, resume_checkpoint)
                 run_start = (run_start[0], self.iter)
+            self._started, self._resume_again = True, False
             self.call_hook('before_run')
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
@@ -482,7 +506,7 @@ class Trainer:
             self.exception = exc
             raise
         finally:
-            self._running = False
+            self._running = self._in_epoch = False
             self._hook_list.frozen = None
             self._finish_run(run_start)
         return self.model
@@ -562,6 +586,7 @@ class Trainer:
         before, after = self._iteration_stages['before_train_iter'], self._iteration_stages['after_train_iter']
         before.plan(self)
         after.plan(self)
+        self._in_epoch = True
         position, step, length = self.position, self.step, self.epoch_length
         next_batch, train_step, move, clock = stream.next_batch, self.train_step, not self._batches_stay, time.perf_counter
         step.begin()
@@ -606,6 +631,7 @@ class Trainer:
             position.iter += 1
             position.inner_iter += 1
             position.phase = BETWEEN
+        self._in_epoch = False
         stream.end_epoch()  # a per-epoch pass shuts its workers down before the epoch-end hooks
         if position.inner_iter < length:
             return  # stopped early: the epoch is not over
@@ -798,7 +824,10 @@ class Trainer:
 
         ``resume_from=PATH``: that checkpoint, verified (a damaged one is one clear error).
         ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
-        ones are skipped (logged) and renamed aside (``<name>.damaged``)."""
+        ones are skipped (logged) and renamed aside (``<name>.damaged``). Only the first ``train()``
+        of a trainer (or one after :meth:`resume`) resumes: a later one continues from where it stopped."""
+        if self._started and not self._resume_again:
+            return None, None
         path = self.resume_from
         if path is None and not self.auto_resume:
             path = resume_request.asked_by_hooks(self)
@@ -830,7 +859,7 @@ class Trainer:
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
         if self._running:
             return self._restore(path)
-        self.resume_from, self.load_from = path, None
+        self.resume_from, self.load_from, self._resume_again = path, None, True
         return None
 
     def _restore(self, path, checkpoint=None):
@@ -893,6 +922,7 @@ class Trainer:
                                 'fresh random numbers, so it will not repeat an uninterrupted run exactly', path)
         self.resumed_from = storage.normalize(path)
         self.call_hook('after_load_checkpoint', checkpoint)
+        self.replan()  # a resume during an epoch moves every schedule
         self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
                          self.inner_iter)
         return checkpoint

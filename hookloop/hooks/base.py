@@ -123,10 +123,13 @@ class Hook:
         hook's ``stage`` (``'before_train_iter'`` or ``'after_train_iter'``) must be called;
         ``NEVER`` for none in the current epoch; None (the default) for every iteration.
 
-        The trainer asks at the start of every epoch (``start``: its first iteration to run)
-        and right after each call of the stage (``start``: the next iteration). The answer
-        must not skip an iteration at which the stage would do something; work that depends
-        on an event instead of the counters asks for a call with ``trainer.wake(self)``.
+        The trainer asks at the start of every epoch (``start``: its first iteration to run),
+        right after each call of the hook at either iteration stage (``start``: the next
+        iteration reaching the stage) and when ``trainer.replan(hook)`` asks (after something
+        the answer depends on changed). The answer must not skip an iteration at which the
+        stage would do something; work that depends on an event instead of the counters asks
+        for a call in the next iteration with ``trainer.wake(self)``. A subclass overriding a
+        method this ``next_call`` was not written for runs at every iteration (docs/hooks.md).
         Helpers: :meth:`next_every_n_iters`, :meth:`next_every_n_inner_iters`,
         :meth:`epoch_end_iter`.
         """

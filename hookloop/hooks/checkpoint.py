@@ -103,6 +103,8 @@ class CheckpointHook(Hook):
             self._save(trainer, name)
 
     def next_call(self, trainer, stage, start):
+        if stage != 'after_train_iter':
+            return None  # a stage this schedule was not written for
         if self.best is not None:
             return None  # a validation may have run in any iteration
         if self.by_epoch:

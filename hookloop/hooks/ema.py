@@ -95,6 +95,8 @@ class EMAHook(Hook):
             average.copy_(parameter)
 
     def next_call(self, trainer, stage, start):
+        if stage != 'after_train_iter':
+            return None  # a stage this schedule was not written for
         return start + (-start) % self.interval  # the next multiple of interval
 
     def after_train_iter(self, trainer):

@@ -60,6 +60,8 @@ class EvaluationHook(Hook):
             self._keep_best(trainer, f'epoch_{trainer.epoch + 1}.pth')
 
     def next_call(self, trainer, stage, start):
+        if stage != 'after_train_iter':
+            return None  # a stage this schedule was not written for
         if self.by_epoch:
             return NEVER
         offset = self.start or 0

@@ -78,6 +78,8 @@ class FiniteLossGuard(Hook):
             trainer.wake(self)
 
     def next_call(self, trainer, stage, start):
+        if stage != 'after_train_iter':
+            return None  # a stage this schedule was not written for
         last = trainer.max_iters - 1
         return last if start <= last else NEVER
 

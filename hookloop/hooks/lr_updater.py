@@ -34,15 +34,45 @@ class LrUpdaterHook(ParamScheduleHook):
     def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=0.1, warmup_by_epoch=False):
         super().__init__(by_epoch, warmup, warmup_iters, warmup_ratio, warmup_by_epoch)
 
+    # MMCV's extension points, called as MMCV 1.x calls them: ``get_regular_lr(trainer)`` where
+    # the regular learning rates are set (each epoch's start with ``by_epoch``, else every
+    # iteration), which calls ``get_lr(trainer, base_lr)`` per group; during warm-up
+    # ``get_warmup_lr(cur_iters)``, which reads ``regular_lr`` (and ``warmup_iters``, in
+    # iterations). Their schedule is this hook's, so a subclass may override them and stay
+    # scheduled (NEXT_CALL_COVERS).
+    NEXT_CALL_COVERS = ('get_lr', 'get_regular_lr', 'get_warmup_lr', 'get_value', 'value')
+
     @property
     def base_lr(self):
         return self.base_values
+
+    @base_lr.setter
+    def base_lr(self, value):
+        self.base_values = value
+
+    @property
+    def regular_lr(self):
+        return self.regular_values
+
+    @regular_lr.setter
+    def regular_lr(self, value):
+        self.regular_values = value
 
     def get_lr(self, trainer, base_lr):
         return self.value(trainer, base_lr)
 
     def get_value(self, trainer, base):
         return self.get_lr(trainer, base)
+
+    def get_regular_lr(self, trainer):
+        return [self.get_lr(trainer, base) for base in self.base_lr]
+
+    def regular(self, trainer):
+        return self.get_regular_lr(trainer)
+
+    def get_warmup_lr(self, cur_iters):
+        factor = schedules.warmup_factor(self.warmup, cur_iters, self.warmup_iters, self.warmup_ratio)
+        return [lr * factor for lr in self.regular_lr]
 
     def read_base(self, trainer):
         groups = trainer.optimizer.param_groups
@@ -55,8 +85,7 @@ class LrUpdaterHook(ParamScheduleHook):
             group['lr'] = lr
 
     def warmup_values(self, cur_iter, regular):
-        factor = schedules.warmup_factor(self.warmup, cur_iter, self.warmup_total, self.warmup_ratio)
-        return [lr * factor for lr in regular]
+        return self.get_warmup_lr(cur_iter)  # regular is self.regular_lr, which MMCV's method reads
 
 
 @HOOKS.register_module()

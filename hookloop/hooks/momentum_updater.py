@@ -35,15 +35,42 @@ class MomentumUpdaterHook(ParamScheduleHook):
     def __init__(self, by_epoch=True, warmup=None, warmup_iters=0, warmup_ratio=0.9, warmup_by_epoch=False):
         super().__init__(by_epoch, warmup, warmup_iters, warmup_ratio, warmup_by_epoch)
 
+    # MMCV's extension points, called as MMCV 1.x calls them (see LrUpdaterHook):
+    # ``get_regular_momentum(trainer)`` -> ``get_momentum(trainer, base_momentum)`` per group,
+    # ``get_warmup_momentum(cur_iters)`` reading ``regular_mom`` and ``warmup_iters``.
+    NEXT_CALL_COVERS = ('get_momentum', 'get_regular_momentum', 'get_warmup_momentum', 'get_value', 'value')
+
     @property
     def base_momentum(self):
         return self.base_values
+
+    @base_momentum.setter
+    def base_momentum(self, value):
+        self.base_values = value
+
+    @property
+    def regular_mom(self):
+        return self.regular_values
+
+    @regular_mom.setter
+    def regular_mom(self, value):
+        self.regular_values = value
 
     def get_momentum(self, trainer, base_momentum):
         return self.value(trainer, base_momentum)
 
     def get_value(self, trainer, base):
         return self.get_momentum(trainer, base)
+
+    def get_regular_momentum(self, trainer):
+        return [self.get_momentum(trainer, base) for base in self.base_momentum]
+
+    def regular(self, trainer):
+        return self.get_regular_momentum(trainer)
+
+    def get_warmup_momentum(self, cur_iters):
+        factor = schedules.warmup_factor(self.warmup, cur_iters, self.warmup_iters, self.warmup_ratio)
+        return [momentum / factor for momentum in self.regular_mom]
 
     def check_groups(self, trainer):
         """Every parameter group must have a momentum or betas."""
@@ -67,8 +94,7 @@ class MomentumUpdaterHook(ParamScheduleHook):
                 group['betas'] = (momentum, group['betas'][1])
 
     def warmup_values(self, cur_iter, regular):
-        factor = schedules.warmup_factor(self.warmup, cur_iter, self.warmup_total, self.warmup_ratio)
-        return [momentum / factor for momentum in regular]
+        return self.get_warmup_momentum(cur_iter)  # regular is self.regular_mom, which MMCV's method reads
 
 
 @HOOKS.register_module()

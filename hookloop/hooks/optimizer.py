@@ -36,6 +36,10 @@ from ..priority import Priority
 from ..registry import HOOKS
 from ..step import accumulation_window
 from .base import NEVER, Hook
+from .blind_spots import schedule_blind_spots
+
+# Processor methods whose override does not change when the iteration stages have work.
+PROCESSOR_SAFE = ('initialize_optimizer', 'state_dict', 'load_state_dict')
 
 
 def total_loss(outputs, loss_keys):
@@ -390,7 +394,9 @@ class OptimizerHook(Hook):
 
     def next_call(self, trainer, stage, start):
         ask = getattr(self.processor, 'next_call', None)
-        return ask(trainer, stage, start, self.cumulative_iters) if ask is not None else None
+        if ask is None or schedule_blind_spots(type(self.processor), PROCESSOR_SAFE):
+            return None  # a processor without a schedule, or a subclass its schedule cannot know
+        return ask(trainer, stage, start, self.cumulative_iters)
 
     def before_train_iter(self, trainer):
         self.processor.before_forward(trainer, self.cumulative_iters)

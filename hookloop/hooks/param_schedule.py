@@ -136,29 +136,28 @@ class ParamScheduleHook(Hook):
             check_number(owner, 'warmup_ratio', warmup_ratio, low=0, high=1, low_open=True)
         self.by_epoch = by_epoch
         self.warmup = warmup
-        self.warmup_iters = warmup_iters
         self.warmup_ratio = warmup_ratio
         self.warmup_by_epoch = warmup_by_epoch
-        self.warmup_total = warmup_iters  # in iterations; set in setup
+        # MMCV's attributes: warmup_iters counts iterations (with warmup_by_epoch: None until
+        # set-up converts warmup_epochs with the loader's length)
+        self.warmup_epochs = warmup_iters if warmup_by_epoch else None
+        self.warmup_iters = None if warmup_by_epoch else warmup_iters
         self.base_values = []
         self.regular_values = []
 
+    @property
+    def warmup_total(self):
+        """How long warm-up lasts, in iterations (``warmup_iters`` once set up)."""
+        return self.warmup_iters
+
     def __init_subclass__(cls, **kwargs):
         # A policy's __init__ takes its own arguments and passes **kwargs to the base: publish
-        # the combined signature so config checks name a misspelt argument and suggest the
-        # right one (the registry reads it), instead of a bare TypeError from the base.
+        # the combined signature (through every level of **kwargs) so config checks name a
+        # misspelt argument and suggest the right one (the registry reads it), instead of a
+        # bare TypeError from the base.
         super().__init_subclass__(**kwargs)
-        own = inspect.signature(cls.__init__).parameters.values()
-        if not any(p.kind is p.VAR_KEYWORD for p in own):
-            return
-        params = [p for p in own if p.name != 'self' and p.kind is not p.VAR_KEYWORD]
-        names = {p.name for p in params}
-        for base in cls.__mro__[1:]:
-            if '__init__' in vars(base):
-                params += [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(base.__init__).parameters.values()
-                           if p.name != 'self' and p.name not in names and p.kind is not p.VAR_KEYWORD]
-                break
-        cls.__signature__ = inspect.Signature(params)
+        if '__init__' in vars(cls):
+            cls.__signature__ = published_signature(cls)
 
     # -- what subclasses provide ------------------------------------------------------------
     def value(self, trainer, base):
@@ -191,6 +190,8 @@ class ParamScheduleHook(Hook):
         return trainer.iter, trainer.max_iters
 
     def regular(self, trainer):
+        """The regular value of every group (the LR / momentum hooks: MMCV's
+        ``get_regular_lr`` / ``get_regular_momentum``, which subclasses may override)."""
         return [self.get_value(trainer, base) for base in self.base_values]
 
     # -- stages -----------------------------------------------------------------------------
@@ -198,8 +199,8 @@ class ParamScheduleHook(Hook):
         if trainer.optimizer is None:
             raise ConfigError(f'{type(self).__name__} needs an optimizer')
         self.base_values = self.read_base(trainer)
-        self.warmup_total = self.warmup_iters * trainer.iters_per_epoch if self.warmup_by_epoch \
-            else self.warmup_iters
+        if self.warmup_by_epoch:
+            self.warmup_iters = self.warmup_epochs * trainer.iters_per_epoch
         self.prepare(trainer)
 
     def after_load_checkpoint(self, trainer, checkpoint):
@@ -214,24 +215,45 @@ class ParamScheduleHook(Hook):
         self.write(trainer.optimizer.param_groups, self.regular_values)
 
     def next_call(self, trainer, stage, start):
+        if stage != 'before_train_iter':
+            return None  # a stage this schedule was not written for
         if not self.by_epoch:
             return None
-        return start if self.warmup is not None and start <= self.warmup_total else NEVER
+        return start if self.warmup is not None and start <= self.warmup_iters else NEVER
 
     def before_train_iter(self, trainer):
         cur_iter = trainer.iter
         if not self.by_epoch:
             self.regular_values = self.regular(trainer)
-            if self.warmup is None or cur_iter >= self.warmup_total:
+            if self.warmup is None or cur_iter >= self.warmup_iters:
                 self.write(trainer.optimizer.param_groups, self.regular_values)
             else:
                 self.write(trainer.optimizer.param_groups, self.warmup_values(cur_iter, self.regular_values))
-        elif self.warmup is not None and cur_iter <= self.warmup_total:
+        elif self.warmup is not None and cur_iter <= self.warmup_iters:
             # by epoch: the epoch's regular value is already set; warm-up scales it
-            if cur_iter == self.warmup_total:
+            if cur_iter == self.warmup_iters:
                 self.write(trainer.optimizer.param_groups, self.regular_values)
             else:
                 self.write(trainer.optimizer.param_groups, self.warmup_values(cur_iter, self.regular_values))
+
+
+def published_signature(cls):
+    """``cls``'s constructor signature with what its ``**kwargs`` reach: the arguments of the
+    next ``__init__`` up the MRO, through any number of levels; ``**kwargs`` stays only when
+    the chain ends in one (None: ``cls.__init__``'s own signature, nothing to add)."""
+    own = list(inspect.signature(cls.__init__).parameters.values())[1:]  # without self
+    if not any(p.kind is p.VAR_KEYWORD for p in own):
+        return None
+    params = [p for p in own if p.kind is not p.VAR_KEYWORD]
+    base = next((b for b in cls.__mro__[1:] if '__init__' in vars(b)), object)
+    if base is object:
+        return None
+    names = {p.name for p in params}
+    inherited = inspect.signature(base).parameters.values()  # the base's published one, when it has it
+    params += [p.replace(kind=p.KEYWORD_ONLY) for p in inherited
+               if p.name not in names and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    params += [p for p in inherited if p.kind is p.VAR_KEYWORD][:1]
+    return inspect.Signature(sorted(params, key=lambda p: p.kind))  # kinds are ordered as a signature needs
 
 
 # -- Policies ---------------------------------------------------------------------------------
@@ -262,6 +284,9 @@ class AnnealingPolicy:
     def init_policy(self, min_value, min_ratio):
         check_min_value(type(self).__name__, self.VALUE_NAME, min_value, min_ratio)
         self.min_value, self.min_ratio = min_value, min_ratio
+        # MMCV's names too (min_lr / min_lr_ratio, min_momentum / ...), which subclasses written for it read
+        setattr(self, f'min_{self.VALUE_NAME}', min_value)
+        setattr(self, f'min_{self.VALUE_NAME}_ratio', min_ratio)
 
     def target(self, base):
         return base * self.min_ratio if self.min_ratio is not None else self.min_value
@@ -325,6 +350,6 @@ class OneCyclePolicy:
                               f'phase without iterations (phase ends {ends}){advice}')
 
 
-__all__ = ['ParamScheduleHook', 'check_number', 'check_step', 'check_min_value', 'check_anneal',
+__all__ = ['ParamScheduleHook', 'published_signature', 'check_number', 'check_step', 'check_min_value', 'check_anneal',
            'check_target_ratio', 'check_number_or_list', 'per_group', 'StepPolicy', 'AnnealingPolicy',
            'CosineAnnealingPolicy', 'LinearAnnealingPolicy', 'CyclicPolicy', 'OneCyclePolicy']

@@ -88,6 +88,8 @@ class PreemptionHook(Hook):
         trainer.request_stop(reason)
 
     def next_call(self, trainer, stage, start):
+        if stage != 'after_train_iter':
+            return None  # a stage this schedule was not written for
         return NEVER if self._group is None else None  # one process: the signal handler stops the run
 
     def after_train_iter(self, trainer):

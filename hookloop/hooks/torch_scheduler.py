@@ -102,6 +102,8 @@ class TorchSchedulerHook(Hook):
             self._catch_up(trainer.epoch)
 
     def next_call(self, trainer, stage, start):
+        if stage != 'before_train_iter':
+            return None  # a stage this schedule was not written for
         return None if not self.by_epoch else NEVER
 
     def before_train_iter(self, trainer):

@@ -93,6 +93,8 @@ class LoggerHook(Hook):
     PRIORITY = Priority.VERY_LOW
     ROLE = 'logger'
     RUNS_AFTER = ('*',)  # loggers see everything the other hooks produced
+    # Called only at log events, which next_call names: a subclass may override them and keep the schedule.
+    NEXT_CALL_COVERS = ('open', 'close', 'log', 'log_images', 'write_images', 'train_record')
 
     def __init__(self, interval=10, ignore_last=True, by_epoch=True):
         self.interval = _positive_int(type(self).__name__, 'interval', interval)
@@ -115,6 +117,8 @@ class LoggerHook(Hook):
             self._mark = trainer.meters.mark()
 
     def next_call(self, trainer, stage, start):
+        if stage != 'after_train_iter':
+            return None  # a stage this schedule was not written for
         if self.by_epoch:
             due = self.next_every_n_inner_iters(trainer, start, self.interval)
         else:
