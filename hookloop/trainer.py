@@ -949,10 +949,11 @@ def build_trainer(name='default', default_args=None):
     notes = []
     if isinstance(target, type) and issubclass(target, Trainer):
         from .compat import modelscope
-        from .compat.mmcv_config import translate
+        from .compat.mmcv_config import is_mmcv_config, translate
         if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
             args = modelscope.trainer_args(args)
-        elif modelscope.looks_like_modelscope(args):  # a configuration.json
+        elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
+            # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
             args = modelscope.translate(args)
         args, notes = translate(args, target)
     trainer = TRAINERS.build(dict(type=target, **args))

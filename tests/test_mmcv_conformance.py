@@ -1,0 +1,176 @@
+"""MMCV 1.x conformance of the config translation and the ``hookloop.compat.mmcv`` façade
+(issue 25): each test states what MMCV 1.7 does and checks hookloop does the same."""
+import os
+
+import pytest
+import torch
+from conftest import Regressor, regression_data
+
+from hookloop import ConfigError, Hook, Trainer
+from hookloop.cli import main
+from hookloop.config import load_config
+from hookloop.trainer import build_trainer
+
+
+class LrRecorder(Hook):
+    """The learning rate each iteration ran at (read after the step)."""
+
+    PRIORITY = 'LOWEST'
+
+    def __init__(self):
+        self.lrs = []
+
+    def after_train_iter(self, trainer):
+        self.lrs.append(trainer.optimizer.param_groups[0]['lr'])
+
+
+def iter_trainer(tmp_path, **cfg):
+    args = dict(model=Regressor(), optimizer=dict(type='SGD', lr=0.1), work_dir=str(tmp_path / 'run'), seed=0,
+                device='cpu', data=dict(samples_per_gpu=4, workers_per_gpu=0, train=regression_data(16)))
+    args.update(cfg)
+    return build_trainer(default_args=args)
+
+
+def run(trainer, *hooks):
+    for hook in hooks:
+        trainer.register_hook(hook)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return trainer
+
+
+# -- finding 1: IterBasedRunner gives the schedule, checkpoint and logger hooks by_epoch=False
+def test_iter_based_runner_config_steps_lr_and_saves_per_iteration(tmp_path):
+    recorder = LrRecorder()
+    trainer = iter_trainer(tmp_path, runner=dict(type='IterBasedRunner', max_iters=20),
+                           lr_config=dict(policy='step', step=[15]), checkpoint_config=dict(interval=10),
+                           log_config=dict(interval=5, hooks=[dict(type='TextLoggerHook')]))
+    run(trainer, recorder)
+    # MMCV: step counts iterations under IterBasedRunner: 0.1 for iterations 0..14, then 0.01
+    assert recorder.lrs[:15] == pytest.approx([0.1] * 15) and recorder.lrs[15:] == pytest.approx([0.01] * 5)
+    saved = sorted(n for n in os.listdir(tmp_path / 'run') if n.endswith('.pth') and n[0] in 'ei')
+    assert saved == ['iter_10.pth', 'iter_20.pth']
+    [logger] = [h for h in trainer.hooks if type(h).__name__ == 'TextLoggerHook']
+    assert logger.by_epoch is False
+
+
+def test_iter_based_runner_adapter_registers_per_iteration_hooks(tmp_path):
+    from hookloop.compat.mmcv import IterBasedRunner
+    recorder = LrRecorder()
+    runner = IterBasedRunner(Regressor(), optimizer=torch.optim.SGD(Regressor().parameters(), lr=0.1),
+                             work_dir=str(tmp_path / 'run'), max_iters=30)
+    runner.model.zero_grad()
+    runner.trainer.optimizer = torch.optim.SGD(runner.model.parameters(), lr=0.1)
+    runner.register_training_hooks(lr_config=dict(policy='step', step=[15]), optimizer_config=dict(),
+                                   checkpoint_config=dict(interval=10), log_config=dict(interval=5))
+    runner.register_hook(recorder)
+    loader = torch.utils.data.DataLoader(regression_data(12), batch_size=4)
+    try:
+        runner.run([loader], [('train', 1)])
+    finally:
+        runner.trainer.close()
+    assert recorder.lrs[14] == pytest.approx(0.1) and recorder.lrs[15] == pytest.approx(0.01)
+    saved = sorted(n for n in os.listdir(tmp_path / 'run') if n.startswith(('iter_', 'epoch_')))
+    assert saved == ['iter_10.pth', 'iter_20.pth', 'iter_30.pth']
+
+
+# -- finding 4: a helper named ``train`` (mmocr) does not make the file a ModelScope config
+def test_mmocr_helper_named_train_is_an_mmcv_helper(tmp_path):
+    trainer = iter_trainer(tmp_path, runner=dict(type='EpochBasedRunner', max_epochs=1),
+                           train=dict(type='OCRDataset', ann_file='x.txt', pipeline=None),
+                           optimizer_config=dict(grad_clip=None))
+    run(trainer)
+    assert trainer.iter == 4  # 16 samples, samples_per_gpu=4: MMCV's data= loader, one epoch
+
+
+# -- finding 5: {{_base_.xxx}}
+def test_base_references_take_the_bases_values(tmp_path):
+    (tmp_path / 'base.py').write_text("dataset_info = dict(name='coco', joints=17)\n"
+                                      "train_pipeline = [dict(type='Load'), dict(type='Flip', p=0.5)]\n"
+                                      "model = dict(backbone=dict(depth=50))\n")
+    (tmp_path / 'cfg.py').write_text("_base_ = ['base.py']\n"
+                                     "dataset_info = {{_base_.dataset_info}}\n"
+                                     "pipeline = {{ _base_.train_pipeline }} + [dict(type='Collect')]\n"
+                                     "depth = {{_base_.model.backbone.depth}} + 1\n")
+    cfg = load_config(tmp_path / 'cfg.py')
+    assert cfg['dataset_info'] == {'name': 'coco', 'joints': 17}
+    assert [p['type'] for p in cfg['pipeline']] == ['Load', 'Flip', 'Collect']
+    assert cfg['depth'] == 51 and cfg['model'] == {'backbone': {'depth': 50}}
+    (tmp_path / 'bad.py').write_text("_base_ = 'base.py'\nx = {{_base_.missing}}\n")
+    with pytest.raises(ConfigError, match=r'_base_\.missing.*not in its _base_'):
+        load_config(tmp_path / 'bad.py')
+
+
+# -- finding 7: evaluation.dynamic_intervals changes the interval (mmdet YOLOX)
+def test_dynamic_intervals_change_the_evaluation_interval(tmp_path):
+    from hookloop.hooks import EvaluationHook
+    hook = EvaluationHook(interval=3, dynamic_intervals=[(7, 1)])
+    # mmdet: evaluate after epochs 3 and 6, then every epoch from 7 done on
+    assert [n for n in range(1, 11) if hook._due(n, n == 10)] == [3, 6, 7, 8, 9, 10]
+    import mmcv_style.toy  # noqa: F401 (registers ToyClassifier, ToyImageDataset)
+    toy = dict(type='ToyImageDataset', data_root='', pipeline=[], size=8)
+    trainer = iter_trainer(tmp_path, model=dict(type='ToyClassifier', backbone=dict(width=4), head=dict(num_classes=2)),
+                           runner=dict(type='EpochBasedRunner', max_epochs=4),
+                           data=dict(samples_per_gpu=4, workers_per_gpu=0, train=toy, val=dict(toy, split='val')),
+                           evaluation=dict(interval=3, metric='accuracy', dynamic_intervals=[(3, 1)]))
+    run(trainer)
+    calls = trainer.val_evaluator.dataset.evaluated
+    assert calls == [8, 8]  # after epochs 3 and 4; the option is not passed to evaluate
+
+
+# -- finding 9: spellings of other OpenMMLab repos
+def test_helper_max_epochs_gives_way_to_runner_cfg_options(tmp_path):
+    (tmp_path / 'yolox.py').write_text(
+        "max_epochs = 300\nrunner = dict(type='EpochBasedRunner', max_epochs=max_epochs)\n"
+        "model = dict(type='Regressor')\noptimizer = dict(type='SGD', lr=0.1)\n")
+    from hookloop.cli import load_with_options
+    from hookloop.compat.mmcv_config import translate
+    cfg = load_with_options(str(tmp_path / 'yolox.py'), ['runner.max_epochs=2'])
+    kwargs, notes = translate(cfg, Trainer)
+    assert kwargs['max_epochs'] == 2 and any('max_epochs=300 is a helper variable' in n for n in notes)
+
+
+def test_other_repos_spellings(tmp_path):
+    from hookloop.compat.mmcv_config import translate
+    data = dict(videos_per_gpu=4, workers_per_gpu=0, train=regression_data(16),
+                val_dataloader=dict(videos_per_gpu=2), val=regression_data(8))
+    kwargs, _ = translate(dict(model=Regressor(), data=data, total_iters=7,
+                               optimizers=dict(type='SGD', lr=0.1)), Trainer)
+    assert kwargs['train_dataloader']['batch_size'] == 4 and kwargs['val_dataloader']['batch_size'] == 2
+    assert kwargs['max_iters'] == 7 and 'max_epochs' not in kwargs  # mmediting's total_iters: iterations
+    assert kwargs['optimizer'] == dict(type='SGD', lr=0.1)
+    kwargs, _ = translate(dict(model=Regressor(), runner=dict(type='DynamicIterBasedRunner', max_iters=5,
+                                                              is_dynamic_ddp=True, pass_training_status=True),
+                               checkpoint_config=dict(interval=2)), Trainer)
+    assert kwargs['max_iters'] == 5 and kwargs['checkpoint_config'] == dict(interval=2, by_epoch=False)
+    # step=[] (no decay): a constant LR, as MMCV's StepLrUpdaterHook
+    recorder = LrRecorder()
+    run(iter_trainer(tmp_path, total_epochs=2, lr_config=dict(policy='step', step=[])), recorder)
+    assert recorder.lrs == pytest.approx([0.1] * 8)
+
+
+# -- issue 20 item 9: a top-level optimizer argument is not silently a helper
+def test_top_level_lr_is_an_error_with_did_you_mean(tmp_path):
+    with pytest.raises(ConfigError, match=r"lr = 0\.1 at the top.*did you mean optimizer=dict\(\.\.\., lr=0\.1\)"):
+        iter_trainer(tmp_path, total_epochs=1, lr=0.1, optimizer=dict(type='SGD', lr=0.02))
+    # a helper the optimizer uses is fine
+    trainer = iter_trainer(tmp_path, total_epochs=1, lr=0.02, optimizer=dict(type='SGD', lr=0.02))
+    trainer.close()
+
+
+# -- finding 11: save_best rules as MMCV's EvalHook, and the config's keys
+def test_save_best_rules_follow_mmcv_and_the_configs_keys():
+    from hookloop.best_checkpoint import infer_rule
+    from hookloop.hooks import EvaluationHook
+    assert EvaluationHook(save_best='AP').best.rule == 'greater'  # mmpose's key
+    assert EvaluationHook(save_best='AR@100').best.rule == 'greater'
+    assert EvaluationHook(save_best='PCKh', greater_keys=['pckh']).best.rule == 'greater'
+    assert EvaluationHook(save_best='EPE', less_keys=['epe']).best.rule == 'less'
+    # MMCV: the given lists replace the defaults, exact names first, greater before less
+    assert infer_rule('loss_acc', greater_keys=['acc']) == 'greater'
+    assert infer_rule('NME', greater_keys=['acc'], less_keys=['NME']) == 'less'
+    assert infer_rule('mAP', greater_keys=['pck']) is None
+    with pytest.raises(ConfigError, match='cannot tell'):
+        EvaluationHook(save_best='mAP', greater_keys=['pck'])
