@@ -24,6 +24,7 @@ from .checkpoint import get_rng_state, load_checkpoint, set_rng_state
 from .checkpoint import write_checkpoint as write_checkpoint_file
 from .data import ResumableBatchSampler, seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
+from .compat.mmcv_runner import MMCVRunnerAttributes, model_meta, revise_state_keys  # MMCV runner names
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
@@ -62,7 +63,9 @@ def plain(value):
     replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, tuple):  # kept a tuple (MMCV's CLASSES): weights_only loads tuples
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
         return [plain(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -70,7 +73,7 @@ def plain(value):
 
 
 @TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
-class Trainer:
+class Trainer(MMCVRunnerAttributes):
     """Runs training with hooks.
 
     Args:
@@ -694,7 +697,8 @@ class Trainer:
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
                      'time': time.strftime('%Y-%m-%d %H:%M:%S'),
-                     'config': plain(self.cfg) if self.cfg is not None else None},
+                     'config': plain(self.cfg) if self.cfg is not None else None,
+                     **plain(model_meta(self.model))},
             'state_dict': self.model.state_dict(),
             'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
             'rng': get_rng_state(),
@@ -878,11 +882,9 @@ class Trainer:
         """Initialise the model from a checkpoint's weights only (a fresh schedule).
         ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
         ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
-        import re
         checkpoint = load_checkpoint(path, map_location=self.device)
-        state = checkpoint.get('state_dict', checkpoint)
-        for pattern, replacement in (self.revise_keys if revise_keys is None else revise_keys) or ():
-            state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
+        state = revise_state_keys(checkpoint.get('state_dict', checkpoint),
+                                  self.revise_keys if revise_keys is None else revise_keys)
         frozen = checkpoint.get('meta', {}).get('frozen') if isinstance(checkpoint.get('meta'), dict) else None
         if frozen is not None and not frozen.get('saved', True):  # saved with save_frozen=False
             load_trained_state(self.model, state, frozen, path)

@@ -1,5 +1,6 @@
 """MMCV 1.x conformance of the config translation and the ``hookloop.compat.mmcv`` façade
 (issue 25): each test states what MMCV 1.7 does and checks hookloop does the same."""
+import logging
 import os
 
 import pytest
@@ -59,10 +60,9 @@ def test_iter_based_runner_config_steps_lr_and_saves_per_iteration(tmp_path):
 def test_iter_based_runner_adapter_registers_per_iteration_hooks(tmp_path):
     from hookloop.compat.mmcv import IterBasedRunner
     recorder = LrRecorder()
-    runner = IterBasedRunner(Regressor(), optimizer=torch.optim.SGD(Regressor().parameters(), lr=0.1),
-                             work_dir=str(tmp_path / 'run'), max_iters=30)
-    runner.model.zero_grad()
-    runner.trainer.optimizer = torch.optim.SGD(runner.model.parameters(), lr=0.1)
+    model = Regressor()
+    runner = IterBasedRunner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                             work_dir=str(tmp_path / 'run'), logger=logging.getLogger('test'), max_iters=30)
     runner.register_training_hooks(lr_config=dict(policy='step', step=[15]), optimizer_config=dict(),
                                    checkpoint_config=dict(interval=10), log_config=dict(interval=5))
     runner.register_hook(recorder)
@@ -72,7 +72,7 @@ def test_iter_based_runner_adapter_registers_per_iteration_hooks(tmp_path):
     finally:
         runner.trainer.close()
     assert recorder.lrs[14] == pytest.approx(0.1) and recorder.lrs[15] == pytest.approx(0.01)
-    saved = sorted(n for n in os.listdir(tmp_path / 'run') if n.startswith(('iter_', 'epoch_')))
+    saved = sorted(n for n in os.listdir(tmp_path / 'run') if n.startswith(('iter_', 'epoch_')) and n.endswith('.pth'))
     assert saved == ['iter_10.pth', 'iter_20.pth', 'iter_30.pth']
 
 
@@ -174,3 +174,147 @@ def test_save_best_rules_follow_mmcv_and_the_configs_keys():
     assert infer_rule('mAP', greater_keys=['pck']) is None
     with pytest.raises(ConfigError, match='cannot tell'):
         EvaluationHook(save_best='mAP', greater_keys=['pck'])
+
+
+# -- finding 3: constructor subclasses take their own paramwise_cfg keys
+def test_optimizer_constructor_subclass_takes_its_own_paramwise_keys():
+    from hookloop.errors import ConfigTypeError
+    from hookloop.optim_constructor import OPTIMIZER_CONSTRUCTORS, DefaultOptimizerConstructor, build_optimizer
+
+    @OPTIMIZER_CONSTRUCTORS.register_module(force=True)
+    class LayerDecayConstructor(DefaultOptimizerConstructor):  # as mmseg's layer-decay constructors
+        def add_params(self, params, module, prefix=''):
+            rate, layers = self.paramwise_cfg['decay_rate'], self.paramwise_cfg['num_layers']
+            for depth, (name, param) in enumerate(module.named_parameters()):
+                params.append({'params': [param], 'lr': self.base_lr * rate ** (layers - min(depth, layers))})
+
+    model = Regressor()
+    optimizer = build_optimizer(model, dict(type='SGD', lr=1.0, constructor='LayerDecayConstructor',
+                                            paramwise_cfg=dict(decay_rate=0.5, num_layers=2)))
+    assert [g['lr'] for g in optimizer.param_groups] == [0.25, 0.5, 1.0, 1.0]
+    with pytest.raises(ConfigError, match='unknown keys'):  # the base's rules: still checked
+        build_optimizer(model, dict(type='SGD', lr=1.0, paramwise_cfg=dict(decay_rate=0.5)))
+    with pytest.raises(TypeError, match='paramwise_cfg must be None or a dict'):  # MMCV: TypeError
+        build_optimizer(model, dict(type='SGD', lr=1.0, paramwise_cfg=[('bias_lr_mult', 2)]))
+    with pytest.raises(ConfigTypeError):
+        DefaultOptimizerConstructor(dict(type='SGD', lr=1.0), paramwise_cfg='x')
+
+
+# -- finding 6: what hooks read on the runner
+def test_hooks_find_mmcv_runner_attributes(tmp_path):
+    seen = {}
+
+    class NumClassCheck(Hook):  # as mmdet's NumClassCheckHook and logger hooks read the runner
+        def before_train_epoch(self, runner):
+            seen['loader'] = runner.data_loader
+            seen['model_name'] = runner.model_name
+            runner.log_buffer.update({'extra': 2.0})
+
+        def after_train_iter(self, runner):
+            seen['outputs'] = runner.outputs
+            seen['lr'] = runner.current_lr()
+
+        def before_val_epoch(self, runner):
+            seen['val_loader'] = runner.data_loader
+
+        def after_train_epoch(self, runner):
+            seen['output'] = dict(runner.log_buffer.output)
+            seen['meta'] = runner.meta
+
+    trainer = iter_trainer(tmp_path, total_epochs=1, data=dict(samples_per_gpu=4, workers_per_gpu=0,
+                                                               train=regression_data(8), val=regression_data(4)))
+    run(trainer, NumClassCheck())
+    assert seen['loader'] is trainer.train_dataloader and seen['val_loader'] is trainer.val_dataloader
+    assert seen['model_name'] == 'Regressor' and seen['lr'] == [0.1] and 'loss' in seen['outputs']
+    assert seen['output']['extra'] == 2.0 and seen['meta'] is None
+    assert callable(trainer.call_hook) and callable(trainer.register_checkpoint_hook)
+    hook = NumClassCheck()
+    assert hook.get_triggered_stages() == ['before_train_epoch', 'after_train_iter', 'after_train_epoch',
+                                           'before_val_epoch']
+
+
+def test_runner_meta_gets_hook_messages_and_the_runner_checks_like_mmcv(tmp_path):
+    from hookloop.compat.mmcv import EpochBasedRunner
+    model = Regressor()
+    with pytest.raises(TypeError):  # MMCV: logger must be a logging.Logger
+        EpochBasedRunner(model, work_dir=str(tmp_path))
+    with pytest.raises(TypeError):
+        EpochBasedRunner(model, optimizer='sgd', logger=logging.getLogger())
+    with pytest.raises(TypeError):
+        EpochBasedRunner(model, logger=logging.getLogger(), meta=['list'])
+    with pytest.raises(ValueError, match='Only one of'):
+        EpochBasedRunner(model, logger=logging.getLogger(), max_epochs=1, max_iters=1)
+    with pytest.raises(AssertionError):  # neither train_step nor a forward
+        EpochBasedRunner(torch.nn.Linear(2, 2).__class__.__bases__[0](), logger=logging.getLogger())
+    runner = EpochBasedRunner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                              work_dir=str(tmp_path), logger=logging.getLogger('t'), meta=dict(), max_epochs=1)
+    runner.register_checkpoint_hook(dict(interval=1))
+    try:
+        runner.run([torch.utils.data.DataLoader(regression_data(8), batch_size=4)], [('train', 1)])
+    finally:
+        runner.trainer.close()
+    assert runner.meta['hook_msgs']['last_ckpt'] == os.path.join(str(tmp_path), 'epoch_1.pth')
+    with pytest.raises(TypeError):
+        runner.save_checkpoint(str(tmp_path), meta='str')
+
+
+# -- finding 8: names MMCV code imports
+def test_mmcv_names_import():
+    import hookloop.compat.mmcv as runner
+    from hookloop.compat.mmcv.fp16_utils import cast_tensor_type
+    from hookloop.compat.mmcv.hooks import IterTimerHook  # noqa: F401
+    from hookloop.compat.mmcv.hooks.hook import HOOKS
+    from hookloop.compat.mmcv.hooks.lr_updater import CosineRestartLrUpdaterHook, annealing_cos  # noqa: F401
+    for name in ('is_module_wrapper', 'annealing_cos', 'OPTIMIZER_BUILDERS', 'SyncBatchNorm', '_BatchNorm', '_ConvNd',
+                 'PaviLoggerHook', 'ClearMLLoggerHook', 'SegmindLoggerHook'):
+        assert hasattr(runner, name), name
+    assert runner.is_module_wrapper(torch.nn.DataParallel(Regressor())) and not runner.is_module_wrapper(Regressor())
+    assert annealing_cos(1.0, 0.0, 0.5) == pytest.approx(0.5)
+    assert HOOKS.module_dict['IterTimerHook'] is IterTimerHook
+    assert cast_tensor_type(torch.ones(1), torch.float32, torch.int32).dtype == torch.int32
+    built = runner.RUNNERS.build(dict(type='EpochBasedRunner', max_epochs=1),
+                                 default_args=dict(model=Regressor(), logger=logging.getLogger('t'),
+                                                   work_dir=None))
+    assert built._max_epochs == 1
+    built.trainer.close()
+    assert set(runner.RUNNERS.module_dict) == {'EpochBasedRunner', 'IterBasedRunner'}
+
+
+# -- finding 10: checkpoints keep what MMCV keeps
+def test_checkpoints_keep_metadata_classes_and_tuples(tmp_path):
+    from hookloop.checkpoint import load_checkpoint as load_file
+    from hookloop.compat.mmcv import load_checkpoint, save_checkpoint
+
+    class Detector(torch.nn.Module):
+        CLASSES = ('cat', 'dog')
+
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(2)
+
+    path = str(tmp_path / 'det.pth')
+    save_checkpoint(Detector(), path, meta=dict(shape=(3, 4)))
+    meta = load_file(path)['meta']
+    assert meta['CLASSES'] == ('cat', 'dog') and meta['shape'] == (3, 4)  # tuples stay tuples
+    with pytest.raises(TypeError):
+        save_checkpoint(Detector(), path, meta='str')
+    versions = []
+
+    class Versioned(Detector):
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args):
+            versions.append(local_metadata.get('version'))
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+    wrapped = {'state_dict': Detector().state_dict()}
+    wrapped['state_dict'] = type(wrapped['state_dict'])(('module.' + k, v) for k, v in wrapped['state_dict'].items())
+    wrapped['state_dict']._metadata = type(wrapped['state_dict'])(
+        ('module' + ('.' + k if k else ''), v) for k, v in Detector().state_dict()._metadata.items())
+    torch.save(wrapped, str(tmp_path / 'wrapped.pth'))
+    load_checkpoint(Versioned(), str(tmp_path / 'wrapped.pth'))  # default revise_keys strips 'module.'
+    assert versions[0] == Versioned._version  # a current checkpoint is not taken for an old one
+    trainer = iter_trainer(tmp_path, total_epochs=1, model=Versioned())
+    versions.clear()
+    trainer.load_weights(str(tmp_path / 'wrapped.pth'), strict=False, revise_keys=[(r'^module\.', '')])
+    trainer.close()
+    assert versions[0] == Versioned._version
+    assert 'CLASSES' in trainer.state_dict()['meta']

@@ -19,25 +19,37 @@ shape: loaders given to ``run``, ``workflow``, ``latest.pth`` next to ``last_che
 import logging
 import os
 import sys
+import warnings
 
 import torch
+from torch import nn
 
-from ..amp import auto_fp16, force_fp32, mmcv_fp16_modules
-from ..checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
-from ..dist import get_rank, get_world_size, init_distributed
-from ..errors import ConfigError
-from ..hooks import (CheckpointHook, DvcliveLoggerHook, EMAHook, EvaluationHook, Fp16OptimizerHook,
-                     GradientCumulativeOptimizerHook, Hook, IterTimerHook, LoggerHook, MlflowLoggerHook,
-                     NeptuneLoggerHook, OptimizerHook, TensorboardLoggerHook, TextLoggerHook, WandbLoggerHook)
-from ..hooks import lr_updater, momentum_updater
-from ..hooks.optimizer import GradientCumulativeFp16OptimizerHook
-from ..optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.conv import _ConvNd
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+from torch.nn import SyncBatchNorm
+
+from ...amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
+from ...checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
+from ...dist import get_rank, get_world_size, init_distributed
+from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
+from ...hooks import (CheckpointHook, DvcliveLoggerHook, EMAHook, EvaluationHook, Fp16OptimizerHook,
+                      GradientCumulativeOptimizerHook, Hook, IterTimerHook, LoggerHook, MlflowLoggerHook,
+                      NeptuneLoggerHook, OptimizerHook, TensorboardLoggerHook, TextLoggerHook, WandbLoggerHook)
+from ...hooks import lr_updater, momentum_updater
+from ...hooks.optimizer import GradientCumulativeFp16OptimizerHook
+from ...optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
     build_optimizers
-from ..priority import Priority, get_priority
-from ..registry import HOOKS, Registry
-from ..trainer import Trainer, plain
-from .dataset_evaluator import DatasetEvaluator
-from .log_vars_evaluator import LogVarsEvaluator
+from ...priority import Priority, get_priority
+from ...registry import HOOKS, OPTIMIZERS, Registry
+from ...schedules import annealing_cos, annealing_linear
+from ...trainer import Trainer, plain
+from ..dataset_evaluator import DatasetEvaluator
+from ..log_vars_evaluator import LogVarsEvaluator
+from ..mmcv_config import iter_based_defaults
+from ..mmcv_runner import model_meta, revise_state_keys
+
+OPTIMIZER_BUILDERS = OPTIMIZER_CONSTRUCTORS  # MMCV's name for the constructor registry
 
 RUNNERS = Registry('runner')
 LATEST_LINK = 'latest.pth'
@@ -68,11 +80,70 @@ class _MMCVTrainer(Trainer):
 
     def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False):
         path = super().write_checkpoint(checkpoint, path, update_last, asynchronous)
+        if update_last and self.meta is not None:  # MMCV's CheckpointHook: meta['hook_msgs']['last_ckpt']
+            self.meta.setdefault('hook_msgs', {})['last_ckpt'] = path
         if update_last and self.rank == 0:
             if asynchronous:  # latest.pth must never name a file still being written
                 self.wait_for_checkpoint()
             link_latest(path)
         return path
+
+
+class _BatchProcessorModel(nn.Module):
+    """MMCV's deprecated ``batch_processor(model, data, train_mode)`` as a model's
+    ``train_step`` / ``val_step``; its weights (and checkpoint keys) are the user model's."""
+
+    def __init__(self, module, batch_processor):
+        super().__init__()
+        self.module, self.batch_processor = module, batch_processor
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train_step(self, data_batch, optimizer=None, **kwargs):
+        return self.batch_processor(self.module, data_batch, train_mode=True, **kwargs)
+
+    def val_step(self, data_batch, optimizer=None, **kwargs):
+        return self.batch_processor(self.module, data_batch, train_mode=False, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, **kwargs):
+        return self.module.load_state_dict(state_dict, strict=strict, **kwargs)
+
+
+class _BothStepsError(ConfigError, RuntimeError):
+    """MMCV raises RuntimeError here."""
+
+
+def _check_runner_arguments(model, batch_processor, optimizer, work_dir, logger, meta, max_iters, max_epochs):
+    """MMCV BaseRunner's checks, with its exception types (and hookloop's ConfigError)."""
+    if batch_processor is not None:
+        if not callable(batch_processor):
+            raise ConfigTypeError(f'batch_processor must be callable, but got {type(batch_processor).__name__}')
+        warnings.warn('batch_processor is deprecated, please implement train_step() and val_step() in the '
+                      'model instead.', UserWarning)
+        if is_module_wrapper(model) and hasattr(model.module, 'train_step') or hasattr(model, 'train_step'):
+            raise _BothStepsError('batch_processor and model.train_step()/model.val_step() cannot be both '
+                                  'available.')
+    elif not hasattr(model, 'train_step') and type(model).forward is nn.Module.forward:
+        # MMCV asserts train_step; hookloop also trains a model whose forward returns the losses
+        raise ConfigAssertionError('the model must have a train_step(data_batch, optimizer) method, a forward '
+                                   'that returns the losses, or a batch_processor')
+    optimizers = optimizer.values() if isinstance(optimizer, dict) else [] if optimizer is None else [optimizer]
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ConfigTypeError(f'optimizer must be a torch.optim.Optimizer or a dict of them, got '
+                                  f'{type(opt).__name__}')
+    if not isinstance(logger, logging.Logger):
+        raise ConfigTypeError(f'logger must be a logging.Logger object, but got {type(logger).__name__}')
+    if meta is not None and not isinstance(meta, dict):
+        raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
+    if work_dir is not None and not isinstance(work_dir, (str, os.PathLike)):
+        raise ConfigTypeError('"work_dir" must be a str or None')
+    if max_epochs is not None and max_iters is not None:
+        raise ConfigError('Only one of `max_epochs` or `max_iters` can be set.')
 
 
 class BaseRunner:
@@ -84,24 +155,49 @@ class BaseRunner:
 
     def __init__(self, model, batch_processor=None, optimizer=None, work_dir=None, logger=None, meta=None,
                  max_iters=None, max_epochs=None):
+        _check_runner_arguments(model, batch_processor, optimizer, work_dir, logger, meta, max_iters, max_epochs)
         if batch_processor is not None:
-            raise ConfigError('batch_processor is deprecated in MMCV and not supported: give the model a '
-                              'train_step(data_batch, optimizer) method instead')
-        if max_epochs is not None and max_iters is not None:
-            raise ConfigError('give only one of max_epochs and max_iters')
-        if meta is not None and not isinstance(meta, dict):
-            raise ConfigError(f'meta must be a dict, got {type(meta).__name__}')
+            model = _BatchProcessorModel(model, batch_processor)
         parameters = list(model.parameters())
         device = parameters[0].device if parameters else 'cpu'  # MMCV leaves the model where the user put it
-        self.trainer = _MMCVTrainer(model, optimizer=optimizer, work_dir=work_dir or 'work_dirs/default',
-                                    seed=(meta or {}).get('seed'), device=device)
-        self.trainer.runner_meta = meta
-        self.meta = meta
+        trainer = _MMCVTrainer(model, optimizer=optimizer, work_dir=os.fspath(work_dir or 'work_dirs/default'),
+                               seed=(meta or {}).get('seed'), device=device)
+        trainer.runner_meta = meta
+        trainer.meta = meta
+        object.__setattr__(self, 'trainer', trainer)
         self.user_logger = logger  # MMCV code may log to its own logger; the run logs to trainer.logger
         self._max_epochs, self._max_iters = max_epochs, max_iters
 
-    # The run's state is the Trainer's: epoch, iter, inner_iter, model, optimizer, logger,
-    # work_dir, hooks, outputs, rank, world_size, meters, ...
+    # Attributes hooks and scripts assign that are the Trainer's state.
+    _TRAINER_ATTRIBUTES = ('meta',)
+
+    def __setattr__(self, name, value):
+        if name in self._TRAINER_ATTRIBUTES:
+            setattr(self.trainer, name, value)
+            if name == 'meta':
+                self.trainer.runner_meta = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @property
+    def model(self):
+        model = self.trainer.model
+        return model.module if isinstance(model, _BatchProcessorModel) else model
+
+    @model.setter
+    def model(self, model):
+        """Swap the model before a run (MMCV scripts assign ``runner.model``); the optimizer
+        keeps the parameters it was built with, as in MMCV."""
+        trainer = self.trainer
+        if trainer.world_size > 1:
+            raise ConfigError('runner.model cannot be replaced in a distributed run; build a new runner')
+        parameters = list(model.parameters())
+        model = model.to(parameters[0].device if parameters else trainer.device)
+        trainer.model = trainer.wrapped_model = model
+        trainer._model_train_step = hasattr(model, 'train_step')
+
+    # The run's state is the Trainer's: epoch, iter, inner_iter, optimizer, logger, meta,
+    # work_dir, hooks, outputs, rank, world_size, data_loader, log_buffer, register_*_hook, ...
     def __getattr__(self, name):
         if name == 'trainer':
             raise AttributeError(name)
@@ -117,8 +213,7 @@ class BaseRunner:
 
     @property
     def model_name(self):
-        model = getattr(self.trainer.model, 'module', self.trainer.model)
-        return type(model).__name__
+        return type(self.model).__name__
 
     def register_hook(self, hook, priority='NORMAL'):
         return self.trainer.register_hook(hook, priority=priority)
@@ -164,6 +259,8 @@ class BaseRunner:
         return self.trainer.load_weights(filename, strict=strict, revise_keys=list(revise_keys))
 
     def save_checkpoint(self, out_dir, filename_tmpl=None, save_optimizer=True, meta=None, create_symlink=True):
+        if meta is not None and not isinstance(meta, dict):
+            raise ConfigTypeError(f'meta should be a dict or None, but got {type(meta).__name__}')
         count = self.trainer.epoch + 1 if self.by_epoch else self.trainer.iter + 1
         path = os.path.join(out_dir, (filename_tmpl or self.filename_tmpl).format(count))
         previous = self.trainer.runner_meta
@@ -178,10 +275,7 @@ class BaseRunner:
         return path
 
     def current_lr(self):
-        optimizer = self.trainer.optimizer
-        if isinstance(optimizer, dict):
-            return {name: [g['lr'] for g in opt.param_groups] for name, opt in optimizer.items()}
-        return [g['lr'] for g in optimizer.param_groups]
+        return self.trainer.current_lr()
 
 
 @RUNNERS.register_module()
@@ -197,23 +291,36 @@ class IterBasedRunner(BaseRunner):
     by_epoch = False
     filename_tmpl = 'iter_{}.pth'
 
+    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
+                                log_config=None, momentum_config=None, timer_config=dict(type='IterTimerHook'),
+                                custom_hooks_config=None):
+        """MMCV's: the LR, momentum, checkpoint and logger hooks count iterations
+        (``by_epoch=False``) unless their config says otherwise."""
+        configs = iter_based_defaults(lr_config, momentum_config, checkpoint_config, log_config)
+        super().register_training_hooks(configs['lr_config'], optimizer_config, configs['checkpoint_config'],
+                                        configs['log_config'], configs['momentum_config'], timer_config,
+                                        custom_hooks_config)
+
 
 def build_runner(cfg, default_args=None):
     """MMCV's ``build_runner(dict(type='EpochBasedRunner', max_epochs=12), default_args=dict(model=...))``."""
     cfg = dict(cfg)
     cfg.pop('constructor', None)  # MMCV's DefaultRunnerConstructor: nothing else to construct
-    return RUNNERS.build(cfg, **(default_args or {}))
+    return RUNNERS.build(cfg, default_args=default_args)
+
+
+def is_module_wrapper(module):
+    """True for the wrappers whose ``.module`` is the model (DataParallel, DDP)."""
+    return isinstance(module, (DataParallel, DistributedDataParallel))
 
 
 # -- the module-level helpers of mmcv.runner ---------------------------------------------------
 def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=None,
                     revise_keys=((r'^module\.', ''),)):
-    """Load ``filename``'s weights into ``model`` (``weights_only``), renaming keys first."""
-    import re
+    """Load ``filename``'s weights into ``model`` (``weights_only``), renaming keys first
+    (the state dict's ``_metadata`` is kept)."""
     checkpoint = _load_file(filename, map_location=map_location)
-    state = checkpoint.get('state_dict', checkpoint)
-    for pattern, replacement in revise_keys:
-        state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
+    state = revise_state_keys(checkpoint.get('state_dict', checkpoint), revise_keys)
     result = getattr(model, 'module', model).load_state_dict(state, strict=strict)
     if (result.missing_keys or result.unexpected_keys) and logger is not None:
         logger.warning('load_checkpoint %s: missing keys %s, unexpected keys %s', filename, result.missing_keys,
@@ -222,8 +329,12 @@ def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=No
 
 
 def save_checkpoint(model, filename, optimizer=None, meta=None):
-    """Write ``model``'s weights (and the optimizer state) atomically, MMCV's layout."""
-    checkpoint = {'meta': plain(meta or {}), 'state_dict': getattr(model, 'module', model).state_dict()}
+    """Write ``model``'s weights (and the optimizer state) atomically, MMCV's layout; ``meta``
+    gets ``CLASSES`` from the model when it has them."""
+    if meta is not None and not isinstance(meta, dict):
+        raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
+    meta = {**model_meta(model), **(meta or {})}
+    checkpoint = {'meta': plain(meta), 'state_dict': getattr(model, 'module', model).state_dict()}
     if optimizer is not None:
         checkpoint['optimizer'] = optimizer.state_dict()
     directory = os.path.dirname(os.path.abspath(filename))
@@ -279,17 +390,35 @@ def MMDistributedDataParallel(module, device_ids=None, broadcast_buffers=False, 
     return module
 
 
+class _UnknownRuleError(ConfigError, KeyError):
+    """MMCV raises KeyError for a rule that is not 'greater' / 'less'."""
+
+
 class EvalHook(EvaluationHook):
     """MMCV's ``EvalHook(dataloader, interval=1, by_epoch=True, start=None, save_best=None,
     rule=None, **eval_kwargs)``: ``dataset.evaluate(results, **eval_kwargs)`` on the outputs of
-    ``model(return_loss=False, **data)``, through the trainer's validation loop."""
+    ``model(return_loss=False, **data)``, through the trainer's validation loop. MMCV's
+    argument checks and exception types; the best score and file go to
+    ``runner.meta['hook_msgs']`` (``best_score``, ``best_ckpt``) when the runner has a meta."""
 
     def __init__(self, dataloader, start=None, interval=1, by_epoch=True, save_best=None, rule=None,
                  test_fn=None, greater_keys=None, less_keys=None, out_dir=None, file_client_args=None,
                  **eval_kwargs):
+        if not isinstance(dataloader, torch.utils.data.DataLoader):
+            raise ConfigTypeError(f'dataloader must be a pytorch DataLoader, but got {type(dataloader).__name__}')
+        if isinstance(interval, int) and not isinstance(interval, bool) and interval <= 0:
+            raise ConfigError(f'interval must be a positive number, but got {interval}')
+        if save_best is not None and not isinstance(save_best, str):
+            raise ConfigAssertionError(f'save_best should be a str or None, got {type(save_best).__name__}')
+        if rule is not None and rule not in ('greater', 'less'):
+            raise _UnknownRuleError(f"rule must be 'greater', 'less' or None, got {rule!r}")
+        if start is not None and start < 0:
+            warnings.warn(f'The evaluation start epoch {start} is smaller than 0', UserWarning)
+            start = 0
         if test_fn is not None:
             raise ConfigError('EvalHook test_fn is not supported: the trainer runs the validation loop')
-        super().__init__(interval=interval, by_epoch=by_epoch, start=start, save_best=save_best, rule=rule)
+        super().__init__(interval=interval, by_epoch=by_epoch, start=start, save_best=save_best, rule=rule,
+                         greater_keys=greater_keys, less_keys=less_keys)
         self.dataloader = dataloader
         self.evaluator = DatasetEvaluator(dataloader.dataset, **{k: v for k, v in eval_kwargs.items()
                                                                  if k not in ('gpu_collect', 'tmpdir',
@@ -300,8 +429,36 @@ class EvalHook(EvaluationHook):
         trainer.val_dataloader = trainer.build_val_loader(self.dataloader)
         trainer.val_evaluator = self.evaluator
 
+    def _keep_best(self, trainer, filename):
+        super()._keep_best(trainer, filename)
+        if self.best is not None and self.best.path is not None and trainer.meta is not None:
+            messages = trainer.meta.setdefault('hook_msgs', {})
+            messages['best_score'], messages['best_ckpt'] = self.best.score, self.best.path
+
 
 DistEvalHook = EvalHook  # ranks evaluate their shard; results are gathered before dataset.evaluate
+
+
+def master_only(func):
+    """Run ``func`` on rank 0 only (returns None elsewhere)."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if get_rank() == 0:
+            return func(*args, **kwargs)
+    return wrapper
+
+
+def _unsupported_logger(name, instead):
+    def __init__(self, *args, **kwargs):
+        raise ConfigError(f'{name} is not supported by hookloop; use {instead}')
+    return type(name, (LoggerHook,), {'__init__': __init__, '__doc__': f'Not supported: use {instead}.'})
+
+
+PaviLoggerHook = _unsupported_logger('PaviLoggerHook', 'TensorboardLoggerHook or WandbLoggerHook')
+ClearMLLoggerHook = _unsupported_logger('ClearMLLoggerHook', 'MlflowLoggerHook or TensorboardLoggerHook')
+SegmindLoggerHook = _unsupported_logger('SegmindLoggerHook', 'MlflowLoggerHook')
 
 
 def _schedule_hooks():
@@ -322,4 +479,7 @@ __all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'buil
            'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'build_optimizer', 'build_optimizers',
            'DefaultOptimizerConstructor', 'OPTIMIZER_CONSTRUCTORS', 'load_checkpoint', 'save_checkpoint',
            'get_dist_info', 'init_dist', 'auto_fp16', 'force_fp32', 'wrap_fp16_model', 'Priority', 'get_priority',
-           'get_logger', 'MMDataParallel', 'MMDistributedDataParallel'] + sorted(_schedule_hooks())
+           'get_logger', 'MMDataParallel', 'MMDistributedDataParallel', 'is_module_wrapper', 'annealing_cos',
+           'annealing_linear', 'OPTIMIZER_BUILDERS', 'OPTIMIZERS', 'SyncBatchNorm', '_BatchNorm', '_ConvNd',
+           'cast_tensor_type', 'master_only', 'PaviLoggerHook', 'ClearMLLoggerHook', 'SegmindLoggerHook',
+           'Registry'] + sorted(_schedule_hooks())
