@@ -33,11 +33,10 @@ from ...amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
 from ...checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
 from ...dist import get_rank, get_world_size, init_distributed
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
-from ...hooks import (CheckpointHook, DvcliveLoggerHook, EMAHook, EvaluationHook, Fp16OptimizerHook,
-                      GradientCumulativeOptimizerHook, Hook, IterTimerHook, LoggerHook, MlflowLoggerHook,
-                      NeptuneLoggerHook, OptimizerHook, TensorboardLoggerHook, TextLoggerHook, WandbLoggerHook)
+from ...hooks import (CheckpointHook, DvcliveLoggerHook, EMAHook, EvaluationHook, Hook, IterTimerHook, LoggerHook,
+                      MlflowLoggerHook, NeptuneLoggerHook, TensorboardLoggerHook, TextLoggerHook, WandbLoggerHook)
+from ...hooks import optimizer as _optimizer_hooks
 from ...hooks import lr_updater, momentum_updater
-from ...hooks.optimizer import GradientCumulativeFp16OptimizerHook
 from ...optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
     build_optimizers
 from ...priority import Priority, get_priority
@@ -160,6 +159,8 @@ class BaseRunner:
             model = _BatchProcessorModel(model, batch_processor)
         parameters = list(model.parameters())
         device = parameters[0].device if parameters else 'cpu'  # MMCV leaves the model where the user put it
+        if work_dir is not None:
+            os.makedirs(work_dir, exist_ok=True)  # MMCV makes it at once
         trainer = _MMCVTrainer(model, optimizer=optimizer, work_dir=os.fspath(work_dir or 'work_dirs/default'),
                                seed=(meta or {}).get('seed'), device=device)
         trainer.runner_meta = meta
@@ -267,7 +268,9 @@ class BaseRunner:
         self.trainer.runner_meta = {**(previous or {}), **(meta or {})}
         try:
             checkpoint = self.trainer.build_checkpoint(save_optimizer=save_optimizer)
-            path = Trainer.write_checkpoint(self.trainer, checkpoint, path, update_last=True)  # no link yet
+            # the last_checkpoint pointer moves for a save into the work dir only (MMCV has none)
+            inside = os.path.abspath(out_dir) == os.path.abspath(self.trainer.work_dir)
+            path = Trainer.write_checkpoint(self.trainer, checkpoint, path, update_last=inside)  # no link yet
         finally:
             self.trainer.runner_meta = previous
         if create_symlink and self.trainer.rank == 0:
@@ -450,15 +453,24 @@ def master_only(func):
     return wrapper
 
 
-def _unsupported_logger(name, instead):
+from .loggers import ClearMLLoggerHook, PaviLoggerHook, SegmindLoggerHook  # noqa: E402
+
+
+def mmcv_asserting(cls):
+    """``cls`` with MMCV's exception type for bad arguments: MMCV asserts them, so the
+    ConfigError hookloop raises becomes a :class:`ConfigAssertionError` (also an
+    ``AssertionError`` and still a ``ValueError``)."""
+    import functools
+
+    @functools.wraps(cls.__init__)
     def __init__(self, *args, **kwargs):
-        raise ConfigError(f'{name} is not supported by hookloop; use {instead}')
-    return type(name, (LoggerHook,), {'__init__': __init__, '__doc__': f'Not supported: use {instead}.'})
-
-
-PaviLoggerHook = _unsupported_logger('PaviLoggerHook', 'TensorboardLoggerHook or WandbLoggerHook')
-ClearMLLoggerHook = _unsupported_logger('ClearMLLoggerHook', 'MlflowLoggerHook or TensorboardLoggerHook')
-SegmindLoggerHook = _unsupported_logger('SegmindLoggerHook', 'MlflowLoggerHook')
+        try:
+            cls.__init__(self, *args, **kwargs)
+        except ConfigAssertionError:
+            raise
+        except ConfigError as exc:
+            raise ConfigAssertionError(str(exc)) from None
+    return type(cls.__name__, (cls,), {'__init__': __init__, '__doc__': cls.__doc__, '__module__': __name__})
 
 
 def _schedule_hooks():
@@ -466,11 +478,16 @@ def _schedule_hooks():
     for module in (lr_updater, momentum_updater):
         for name, value in vars(module).items():
             if name.endswith(('LrUpdaterHook', 'MomentumUpdaterHook')) and isinstance(value, type):
-                names[name] = value
+                names[name] = mmcv_asserting(value)
     return names
 
 
 globals().update(_schedule_hooks())
+# The optimizer hooks, with MMCV's exception types for their arguments.
+OptimizerHook = mmcv_asserting(_optimizer_hooks.OptimizerHook)
+Fp16OptimizerHook = mmcv_asserting(_optimizer_hooks.Fp16OptimizerHook)
+GradientCumulativeOptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeOptimizerHook)
+GradientCumulativeFp16OptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeFp16OptimizerHook)
 
 __all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'build_runner', 'HOOKS', 'Hook',
            'OptimizerHook', 'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook',

@@ -1,3 +1,4 @@
-"""``mmcv.runner.hooks.momentum_updater``: the momentum updater hooks."""
-from ....hooks.momentum_updater import *  # noqa: F401,F403
-from ....hooks.momentum_updater import MomentumUpdaterHook  # noqa: F401
+"""``mmcv.runner.hooks.momentum_updater``: the momentum updater hooks (MMCV's exception types)."""
+from .. import _schedule_hooks
+
+globals().update({name: cls for name, cls in _schedule_hooks().items() if name.endswith('MomentumUpdaterHook')})
