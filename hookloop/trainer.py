@@ -430,7 +430,7 @@ class Trainer(MMCVRunnerAttributes):
         """Run training to ``max_epochs`` / ``max_iters`` (or until a hook requests a stop)."""
         if self.train_dataloader is None:
             raise ConfigError('train() needs a train_dataloader')
-        if self.optimizer is None:
+        if self.optimizer is None and not self._model_train_step:  # a train_step model may step nothing (MMCV)
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
         check_before_run(self)

@@ -33,8 +33,8 @@ from ...amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
 from ...checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
 from ...dist import get_rank, get_world_size, init_distributed
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
-from ...hooks import (CheckpointHook, DvcliveLoggerHook, EMAHook, EvaluationHook, Hook, IterTimerHook, LoggerHook,
-                      MlflowLoggerHook, NeptuneLoggerHook, TensorboardLoggerHook, TextLoggerHook, WandbLoggerHook)
+from ...hooks import (CheckpointHook, EMAHook, EvaluationHook, Hook, IterTimerHook, LoggerHook, TensorboardLoggerHook,
+                      TextLoggerHook)
 from ...hooks import optimizer as _optimizer_hooks
 from ...hooks import lr_updater, momentum_updater
 from ...optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
@@ -173,12 +173,21 @@ class BaseRunner:
     _TRAINER_ATTRIBUTES = ('meta',)
 
     def __setattr__(self, name, value):
-        if name in self._TRAINER_ATTRIBUTES:
+        if name in ('_epoch', '_iter'):  # MMCV tests and scripts set the counters to continue a run
+            self._set_counter(name[1:], value)
+        elif name in self._TRAINER_ATTRIBUTES:
             setattr(self.trainer, name, value)
             if name == 'meta':
                 self.trainer.runner_meta = value
         else:
             object.__setattr__(self, name, value)
+
+    def _set_counter(self, name, value):
+        position = self.trainer.position
+        if name == 'epoch':
+            position.epoch = value
+        else:
+            position.iter = position.inner_iter = value
 
     @property
     def model(self):
@@ -294,6 +303,10 @@ class IterBasedRunner(BaseRunner):
     by_epoch = False
     filename_tmpl = 'iter_{}.pth'
 
+    def run(self, data_loaders, workflow, max_iters=None, **kwargs):
+        """MMCV's ``IterBasedRunner.run(data_loaders, workflow, max_iters=None)``."""
+        return super().run(data_loaders, workflow, max_iters=max_iters, **kwargs)
+
     def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
                                 log_config=None, momentum_config=None, timer_config=dict(type='IterTimerHook'),
                                 custom_hooks_config=None):
@@ -397,6 +410,19 @@ class _UnknownRuleError(ConfigError, KeyError):
     """MMCV raises KeyError for a rule that is not 'greater' / 'less'."""
 
 
+class _HookEvaluator(DatasetEvaluator):
+    """The val evaluator of an :class:`EvalHook`: collects the results and hands them to
+    the hook's ``evaluate(runner, results)`` (MMCV's extension point)."""
+
+    def __init__(self, hook):
+        self.hook, self.trainer = hook, None
+        self.reset()
+
+    def compute(self):
+        metrics = self.hook.evaluate(self.trainer, self.gathered())
+        return dict(metrics) if isinstance(metrics, dict) else {}
+
+
 class EvalHook(EvaluationHook):
     """MMCV's ``EvalHook(dataloader, interval=1, by_epoch=True, start=None, save_best=None,
     rule=None, **eval_kwargs)``: ``dataset.evaluate(results, **eval_kwargs)`` on the outputs of
@@ -423,14 +449,24 @@ class EvalHook(EvaluationHook):
         super().__init__(interval=interval, by_epoch=by_epoch, start=start, save_best=save_best, rule=rule,
                          greater_keys=greater_keys, less_keys=less_keys)
         self.dataloader = dataloader
-        self.evaluator = DatasetEvaluator(dataloader.dataset, **{k: v for k, v in eval_kwargs.items()
-                                                                 if k not in ('gpu_collect', 'tmpdir',
-                                                                              'broadcast_bn_buffer', 'pre_eval')})
+        self.eval_kwargs = {k: v for k, v in eval_kwargs.items()
+                            if k not in ('gpu_collect', 'tmpdir', 'broadcast_bn_buffer', 'pre_eval')}
+        self.evaluator = _HookEvaluator(self)
 
     def before_run(self, trainer):
         # This hook brings the val data and the dataset's evaluator (MMCV's EvalHook holds both).
         trainer.val_dataloader = trainer.build_val_loader(self.dataloader)
         trainer.val_evaluator = self.evaluator
+        self.evaluator.trainer = trainer
+
+    def evaluate(self, runner, results):
+        """MMCV's: ``dataset.evaluate(results, logger=runner.logger, **eval_kwargs)``; the
+        metrics (a dict) or None. Override it (or replace it) as MMCV code does."""
+        dataset = self.dataloader.dataset
+        if not callable(getattr(dataset, 'evaluate', None)):
+            raise ConfigError(f'EvalHook: {type(dataset).__name__} has no evaluate(results, ...) method')
+        metrics = dataset.evaluate(results, logger=runner.logger, **self.eval_kwargs)
+        return dict(metrics) if isinstance(metrics, dict) else None  # MMCV ignores anything else
 
     def _keep_best(self, trainer, filename):
         super()._keep_best(trainer, filename)
@@ -453,7 +489,9 @@ def master_only(func):
     return wrapper
 
 
-from .loggers import ClearMLLoggerHook, PaviLoggerHook, SegmindLoggerHook  # noqa: E402
+# MMCV's logger formats (learning_rate / momentum tags, MMCV's steps); the native hooks keep hookloop's
+from .loggers import (ClearMLLoggerHook, DvcliveLoggerHook, MlflowLoggerHook, NeptuneLoggerHook,  # noqa: E402
+                      PaviLoggerHook, SegmindLoggerHook, SyncBuffersHook, WandbLoggerHook)
 
 
 def mmcv_asserting(cls):
@@ -498,5 +536,5 @@ __all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'buil
            'get_dist_info', 'init_dist', 'auto_fp16', 'force_fp32', 'wrap_fp16_model', 'Priority', 'get_priority',
            'get_logger', 'MMDataParallel', 'MMDistributedDataParallel', 'is_module_wrapper', 'annealing_cos',
            'annealing_linear', 'OPTIMIZER_BUILDERS', 'OPTIMIZERS', 'SyncBatchNorm', '_BatchNorm', '_ConvNd',
-           'cast_tensor_type', 'master_only', 'PaviLoggerHook', 'ClearMLLoggerHook', 'SegmindLoggerHook',
+           'cast_tensor_type', 'master_only', 'SyncBuffersHook', 'PaviLoggerHook', 'ClearMLLoggerHook', 'SegmindLoggerHook',
            'Registry'] + sorted(_schedule_hooks())
