@@ -318,3 +318,114 @@ def test_checkpoints_keep_metadata_classes_and_tuples(tmp_path):
     trainer.close()
     assert versions[0] == Versioned._version
     assert 'CLASSES' in trainer.state_dict()['meta']
+
+
+class StepModel(torch.nn.Module):
+    """MMCV's demo model: train_step returns the loss and nothing to log."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        return self.linear(x)
+
+    def train_step(self, x, optimizer, **kwargs):
+        return dict(loss=self(x).sum())
+
+    def val_step(self, x, optimizer, **kwargs):
+        return dict(loss=self(x).sum())
+
+
+def demo_runner(tmp_path, kind='EpochBasedRunner', **lengths):
+    from hookloop.compat.mmcv import build_runner
+    model = StepModel()
+    return build_runner(dict(type=kind, **lengths), default_args=dict(
+        model=model, work_dir=str(tmp_path), logger=logging.getLogger('t'),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.95)))
+
+
+def test_mmcv_tracker_hooks_log_mmcv_tags_and_steps(tmp_path, monkeypatch):
+    import sys
+    from unittest.mock import MagicMock
+
+    from hookloop.compat.mmcv import PaviLoggerHook, WandbLoggerHook
+    monkeypatch.setitem(sys.modules, 'wandb', MagicMock())
+    monkeypatch.setitem(sys.modules, 'pavi', MagicMock())
+    runner = demo_runner(tmp_path, max_epochs=1)
+    wandb, pavi = WandbLoggerHook(), PaviLoggerHook(interval=1)
+    runner.register_hook(wandb)
+    runner.register_hook(pavi)
+    loader = torch.utils.data.DataLoader(torch.ones(5, 2))
+    try:
+        runner.run([loader, loader], [('train', 1), ('val', 1)])
+    finally:
+        runner.trainer.close()
+    # MMCV: a train_step without log_vars logs only the schedule values; validation at iterations + 1
+    wandb.wandb.log.assert_called_with({'learning_rate': 0.02, 'momentum': 0.95}, step=6, commit=True)
+    wandb.wandb.join.assert_called_with()
+    pavi.writer.add_scalars.assert_any_call('train', {'learning_rate': 0.02, 'momentum': 0.95}, 3)
+    pavi.writer.add_scalars.assert_called_with('val', {'learning_rate': 0.02, 'momentum': 0.95}, 1)
+
+
+def test_schedule_hook_arguments_raise_mmcv_types():
+    from hookloop.compat.mmcv import CyclicLrUpdaterHook, GradientCumulativeOptimizerHook, StepLrUpdaterHook
+    with pytest.raises(AssertionError):  # MMCV asserts by_epoch=False
+        CyclicLrUpdaterHook(by_epoch=True)
+    with pytest.raises(AssertionError):
+        StepLrUpdaterHook(-10)
+    with pytest.raises(ValueError):  # still hookloop's ConfigError (a ValueError)
+        CyclicLrUpdaterHook(by_epoch=False, anneal_strategy='sin')
+    with pytest.raises(ConfigError):
+        GradientCumulativeOptimizerHook(cumulative_iters='str')
+
+
+@pytest.mark.parametrize('kind', ['EpochBasedRunner', 'IterBasedRunner'])
+def test_eval_hook_evaluate_is_the_extension_point(tmp_path, kind):
+    from unittest.mock import MagicMock
+
+    from hookloop.compat.mmcv import EvalHook, build_runner
+
+    class Passthrough(StepModel):
+        def train_step(self, data, optimizer, **kwargs):  # steps nothing: MMCV runs it without an optimizer
+            return dict(x=data)
+
+    by_epoch = kind == 'EpochBasedRunner'
+    loader = torch.utils.data.DataLoader(torch.ones(5, 2))
+    counts = []
+    for start, interval, length in ((None, 1, 2), (1, 2, 3), (0, 1, 2)):
+        runner = build_runner(dict(type=kind), default_args=dict(model=Passthrough(), logger=logging.getLogger('t'),
+                                                                 work_dir=str(tmp_path / f'{kind}{start}')))
+        hook = EvalHook(loader, start=start, interval=interval, by_epoch=by_epoch)
+        hook.evaluate = MagicMock(return_value=None)
+        runner.register_hook(hook)
+        try:
+            runner.run([loader], [('train', 1)], length)  # the third argument: max_epochs / max_iters
+        finally:
+            runner.trainer.close()
+        counts.append(hook.evaluate.call_count)
+    # MMCV: after 1 and 2; after 1 and 3; before the first and after 1 and 2
+    assert counts == [2, 2, 3]
+
+
+def test_batch_processor_drives_the_step(tmp_path):
+    from hookloop.compat.mmcv import EpochBasedRunner
+    calls = []
+
+    def batch_processor(model, data, train_mode):
+        calls.append(train_mode)
+        return dict(loss=model(data).sum())
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.warns(UserWarning, match='deprecated'):
+        runner = EpochBasedRunner(model, batch_processor, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                  work_dir=str(tmp_path), logger=logging.getLogger('t'), max_epochs=1)
+    with pytest.raises(RuntimeError):
+        EpochBasedRunner(StepModel(), batch_processor, logger=logging.getLogger('t'))
+    runner.register_checkpoint_hook(dict(interval=1))
+    try:
+        runner.run([torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)], [('train', 1)])
+    finally:
+        runner.trainer.close()
+    assert calls == [True, True] and runner.model is model
+    assert set(torch.load(str(tmp_path / 'latest.pth'), weights_only=True)['state_dict']) == {'weight', 'bias'}
