@@ -19,7 +19,8 @@ import torch
 from ..errors import ConfigError
 
 # MMCV keys this module consumes (they never reach the Trainer).
-MMCV_KEYS = ('runner', 'total_epochs', 'total_iters', 'optimizers', 'workflow', 'dist_params', 'gpu_ids', 'opencv_num_threads',
+MMCV_KEYS = ('runner', 'total_epochs', 'total_iters', 'optimizers', 'workflow', 'dist_params', 'gpu_ids',
+             'opencv_num_threads',
              'mp_start_method', 'cudnn_benchmark', 'auto_scale_lr', 'fp16', 'data', 'train_cfg', 'test_cfg')
 _DATA_KEYS = ('samples_per_gpu', 'workers_per_gpu', 'train', 'val', 'test', 'persistent_workers', 'shuffle',
               'pin_memory', 'drop_last', 'train_dataloader', 'val_dataloader', 'test_dataloader')

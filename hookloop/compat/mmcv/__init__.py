@@ -520,7 +520,8 @@ def _schedule_hooks():
     return names
 
 
-globals().update(_schedule_hooks())
+SCHEDULE_HOOKS = _schedule_hooks()  # built once: mmcv.runner and mmcv.runner.hooks.lr_updater share the classes
+globals().update(SCHEDULE_HOOKS)
 # The optimizer hooks, with MMCV's exception types for their arguments.
 OptimizerHook = mmcv_asserting(_optimizer_hooks.OptimizerHook)
 Fp16OptimizerHook = mmcv_asserting(_optimizer_hooks.Fp16OptimizerHook)
@@ -536,5 +537,6 @@ __all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'buil
            'get_dist_info', 'init_dist', 'auto_fp16', 'force_fp32', 'wrap_fp16_model', 'Priority', 'get_priority',
            'get_logger', 'MMDataParallel', 'MMDistributedDataParallel', 'is_module_wrapper', 'annealing_cos',
            'annealing_linear', 'OPTIMIZER_BUILDERS', 'OPTIMIZERS', 'SyncBatchNorm', '_BatchNorm', '_ConvNd',
-           'cast_tensor_type', 'master_only', 'SyncBuffersHook', 'PaviLoggerHook', 'ClearMLLoggerHook', 'SegmindLoggerHook',
-           'Registry'] + sorted(_schedule_hooks())
+           'cast_tensor_type', 'master_only', 'SyncBuffersHook', 'PaviLoggerHook', 'ClearMLLoggerHook',
+           'SegmindLoggerHook',
+           'Registry'] + sorted(SCHEDULE_HOOKS)
