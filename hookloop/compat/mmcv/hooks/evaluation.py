@@ -1,2 +1,2 @@
 """``mmcv.runner.hooks.evaluation``: ``EvalHook`` and ``DistEvalHook``."""
-from .. import DistEvalHook, EvalHook  # noqa: F401
+from ..eval_hook import DistEvalHook, EvalHook  # noqa: F401
