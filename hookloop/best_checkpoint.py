@@ -19,9 +19,29 @@ _GREATER_IS_BETTER = ('acc', 'top', 'ar@', 'auc', 'precision', 'recall', 'f1', '
                       'ssim', 'bleu', 'rouge', 'score')
 
 
-def infer_rule(metric):
-    """'greater' or 'less' for a common metric name, else None."""
+# MMCV EvalHook's defaults, used when a config gives greater_keys / less_keys (they replace one list).
+MMCV_GREATER_KEYS = ('acc', 'top', 'AR@', 'auc', 'precision', 'mAP', 'mDice', 'mIoU', 'mAcc', 'aAcc')
+MMCV_LESS_KEYS = ('loss',)
+
+
+def infer_rule(metric, greater_keys=None, less_keys=None):
+    """'greater' or 'less' for a metric name, else None. With ``greater_keys`` / ``less_keys``
+    (an evaluation config's), MMCV ``EvalHook``'s rule: an exact key first, then a key
+    contained in the name (case-insensitive), the greater keys before the less keys.
+    Without them, the common names above, and ``AP`` / ``AR`` (``AP50``, ``AR@100``, mmpose's keys)."""
+    if greater_keys is not None or less_keys is not None:
+        greater = [greater_keys] if isinstance(greater_keys, str) else list(greater_keys or MMCV_GREATER_KEYS)
+        less = [less_keys] if isinstance(less_keys, str) else list(less_keys or MMCV_LESS_KEYS)
+        for rule, keys in (('greater', greater), ('less', less)):
+            if metric in keys:
+                return rule
+        for rule, keys in (('greater', greater), ('less', less)):
+            if any(key.lower() in metric.lower() for key in keys):
+                return rule
+        return None
     name = metric.lower()
+    if re.match(r'(ap|ar)([^a-z]|$)', name):
+        return 'greater'
     if any(key in name for key in _LESS_IS_BETTER):
         return 'less'
     if any(key in name for key in _GREATER_IS_BETTER):
@@ -37,15 +57,17 @@ class BestCheckpoint:
         owner: the hook's name, for error messages.
         save_best: a key of ``trainer.metrics``, or ``'auto'`` for the first key.
         rule: ``'greater'`` / ``'less'``; inferred from the name when None.
+        greater_keys, less_keys: MMCV's, for inferring the rule (see :func:`infer_rule`).
     """
 
-    def __init__(self, owner, save_best, rule=None):
+    def __init__(self, owner, save_best, rule=None, greater_keys=None, less_keys=None):
         if not isinstance(save_best, str) or not save_best:
             raise ConfigError(f'{owner} save_best must be a metric name or "auto", got {save_best!r}')
         if rule not in (None, 'greater', 'less'):
             raise ConfigError(f"{owner} rule must be 'greater' or 'less', got {rule!r}")
+        self.keys = (greater_keys, less_keys)
         if save_best != 'auto' and rule is None:
-            rule = infer_rule(save_best)
+            rule = infer_rule(save_best, *self.keys)
             if rule is None:
                 raise ConfigError(f'{owner} cannot tell whether a larger {save_best!r} is better; '
                                   "give rule='greater' or rule='less'")
@@ -110,7 +132,7 @@ class BestCheckpoint:
         if self.save_best == 'auto':
             key = next(iter(metrics))
             if self.rule is None:
-                self.rule = infer_rule(key)
+                self.rule = infer_rule(key, *self.keys)
                 if self.rule is None:
                     raise ConfigError(f"{self.owner} save_best='auto' picked metric {key!r} but cannot tell "
                                       "whether larger is better; give save_best=NAME and rule='greater'|'less'")

@@ -1,7 +1,8 @@
 """Config files: ``.py`` (top-level names), ``.yaml``/``.yml`` and ``.json``.
 
 ``_base_ = 'base.py'`` (or a list) inherits from other files, merging dicts key by
-key; a dict with ``_delete_=True`` replaces its base instead. ``--cfg-options``
+key; a dict with ``_delete_=True`` replaces its base instead; ``{{_base_.name}}`` in a
+``.py`` file is the base's value of ``name`` (``hookloop/config_refs.py``). ``--cfg-options``
 items (``a.b.c=VALUE``) override values; VALUE is read as a Python literal, or
 kept as a string when it is not one.
 """
@@ -74,10 +75,7 @@ def _read_file(path):
     ext = os.path.splitext(path)[1].lower()
     try:
         if ext == '.py':
-            names = runpy.run_path(path)
-            return {k: v for k, v in names.items()
-                    if not k.startswith('__') and not (k.startswith('_') and k != '_base_')
-                    and not _is_module_or_import(v)}
+            return _top_level(runpy.run_path(path))
         with open(path, encoding='utf-8') as f:
             text = f.read()
         if ext in ('.yaml', '.yml'):
@@ -99,6 +97,12 @@ def _read_file(path):
     if not isinstance(data, dict):
         raise ConfigError(f'config {path!r} must hold a mapping of names to values, got {type(data).__name__}')
     return data
+
+
+def _top_level(names):
+    """A .py config's names: not private (except ``_base_``), not imported modules."""
+    return {k: v for k, v in names.items()
+            if not k.startswith('__') and not (k.startswith('_') and k != '_base_') and not _is_module_or_import(v)}
 
 
 def _is_module_or_import(value):
@@ -126,17 +130,27 @@ def load_config(path, _seen=()):
         raise ConfigError(f'config file {path!r} does not exist')
     if path in _seen:
         raise ConfigError(f'config {path!r} inherits from itself through _base_')
+    from . import config_refs
+    if config_refs.has_references(path):  # {{_base_.name}}: the bases are read first
+        text, names = config_refs.substitute(path)
+        merged = _load_bases(path, config_refs.read_bases(path, text), _seen)
+        data = _top_level(config_refs.run(path, text, names, merged))
+        data.pop('_base_', None)
+        return merge(merged, data)
     data = _read_file(path)
     if not data:
         raise ConfigError(f'config {path!r} is empty')
-    bases = data.pop('_base_', [])
+    return merge(_load_bases(path, data.pop('_base_', []), _seen), data)
+
+
+def _load_bases(path, bases, seen):
     if isinstance(bases, str):
         bases = [bases]
     merged = {}
     for base in bases:
         base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
-        merged = merge(merged, load_config(base_path, _seen + (path,)))
-    return merge(merged, data)
+        merged = merge(merged, load_config(base_path, seen + (path,)))
+    return merged
 
 
 def parse_value(text):

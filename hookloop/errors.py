@@ -23,3 +23,11 @@ class InvalidLossError(HookloopError, FloatingPointError):
 
 class DataError(HookloopError):
     """A dataset or data loader that cannot feed training (e.g. empty)."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A ConfigError for a value of the wrong type; also a ``TypeError``, as MMCV raises there."""
+
+
+class ConfigAssertionError(ConfigError, AssertionError):
+    """A ConfigError where MMCV ``assert``\\ s; also an ``AssertionError`` (``hookloop.compat.mmcv``)."""

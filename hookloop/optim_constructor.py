@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from .errors import ConfigError, ConfigTypeError
 from .registry import OPTIMIZERS, Registry
 
 OPTIMIZER_CONSTRUCTORS = Registry('optimizer constructor')
@@ -37,11 +37,16 @@ class DefaultOptimizerConstructor:
     """``constructor(model)`` -> the optimizer ``optimizer_cfg`` describes, with the
     ``paramwise_cfg`` rules above. Subclass it and register it in
     ``OPTIMIZER_CONSTRUCTORS`` to change how groups are made (``optimizer=dict(...,
-    constructor='MyConstructor')``)."""
+    constructor='MyConstructor')``); a subclass overriding ``add_params`` or ``__call__``
+    may take ``paramwise_cfg`` keys of its own. A non-dict ``paramwise_cfg`` is a
+    :class:`~hookloop.errors.ConfigTypeError` (a ``TypeError``, as in MMCV)."""
 
     def __init__(self, optimizer_cfg, paramwise_cfg=None):
         if not isinstance(optimizer_cfg, Mapping):
-            raise ConfigError(f'optimizer config must be a dict, got {optimizer_cfg!r}')
+            raise ConfigTypeError(f'optimizer config must be a dict, got {optimizer_cfg!r}')
+        if paramwise_cfg is not None and not isinstance(paramwise_cfg, Mapping):
+            raise ConfigTypeError(f'paramwise_cfg must be None or a dict, got {type(paramwise_cfg).__name__} '
+                                  f'{paramwise_cfg!r}')
         self.optimizer_cfg = dict(optimizer_cfg)
         self.paramwise_cfg = dict(paramwise_cfg or {})
         self.base_lr = self.optimizer_cfg.get('lr')
@@ -49,8 +54,12 @@ class DefaultOptimizerConstructor:
         self._validate()
 
     def _validate(self):
+        # A subclass that makes its own groups (mmaction2's TSM, mmseg's layer decay) reads its
+        # own paramwise_cfg keys (decay_rate, num_layers, fc_lr5): only the base's rules are checked.
+        own_rules = type(self).add_params is DefaultOptimizerConstructor.add_params and \
+            type(self).__call__ is DefaultOptimizerConstructor.__call__
         unknown = sorted(set(self.paramwise_cfg) - set(_PARAMWISE_KEYS))
-        if unknown:
+        if unknown and own_rules:
             raise ConfigError(f'paramwise_cfg got unknown keys {unknown}; known: {", ".join(_PARAMWISE_KEYS)}')
         custom_keys = self.paramwise_cfg.get('custom_keys', {})
         if not isinstance(custom_keys, Mapping) or not all(isinstance(v, Mapping) for v in custom_keys.values()):

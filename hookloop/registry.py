@@ -81,6 +81,12 @@ class Registry:
         _load_builtins()
         return list(self._modules)
 
+    @property
+    def module_dict(self):
+        """MMCV's name: ``{name: class}`` (a copy)."""
+        _load_builtins()
+        return dict(self._modules)
+
     def get(self, name):
         """The registered object called ``name``; ConfigError with suggestions if unknown."""
         try:
@@ -120,8 +126,10 @@ class Registry:
                                   f'(by {self._modules[key]!r}); pass force=True to replace it')
             self._modules[key] = module
 
-    def build(self, cfg, **default_args):
-        """Build from ``dict(type=NAME_OR_CLASS, **kwargs)``; ``default_args`` fill missing keys."""
+    def build(self, cfg, default_args=None, **more_defaults):
+        """Build from ``dict(type=NAME_OR_CLASS, **kwargs)``; ``default_args`` (a dict, as in
+        MMCV) and keyword arguments fill missing keys."""
+        default_args = {**(default_args or {}), **more_defaults}
         if not isinstance(cfg, Mapping):
             raise ConfigError(f'{self.name} config must be a dict with a "type" key, got {type(cfg).__name__}')
         kwargs = dict(cfg)

@@ -26,6 +26,7 @@ from .checkpoint import get_rng_state, load_checkpoint, set_rng_state
 from .checkpoint import write_checkpoint as write_checkpoint_file
 from .data import seed_everything, set_loader_epoch
 from .dist import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
+from .compat.mmcv_runner import MMCVRunnerAttributes, model_meta, revise_state_keys  # MMCV runner names
 from .errors import CheckpointError, ConfigError, DataError, HookloopError
 from .evaluation import build_evaluator, real_samples, take_first
 from .fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
@@ -65,7 +66,9 @@ def plain(value):
     replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, tuple):  # kept a tuple (MMCV's CLASSES): weights_only loads tuples
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
         return [plain(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -73,7 +76,7 @@ def plain(value):
 
 
 @TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
-class Trainer:
+class Trainer(MMCVRunnerAttributes):
     """Runs training with hooks.
 
     Args:
@@ -462,7 +465,7 @@ class Trainer:
         """Run training to ``max_epochs`` / ``max_iters`` (or until a hook requests a stop)."""
         if self.train_dataloader is None:
             raise ConfigError('train() needs a train_dataloader')
-        if self.optimizer is None:
+        if self.optimizer is None and not self._model_train_step:  # a train_step model may step nothing (MMCV)
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
         check_before_run(self)
@@ -736,7 +739,8 @@ class Trainer:
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
                      'time': time.strftime('%Y-%m-%d %H:%M:%S'),
-                     'config': plain(self.cfg) if self.cfg is not None else None},
+                     'config': plain(self.cfg) if self.cfg is not None else None,
+                     **plain(model_meta(self.model))},
             'state_dict': self.model.state_dict(),
             'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
             'rng': get_rng_state(),
@@ -947,11 +951,9 @@ class Trainer:
         """Initialise the model from a checkpoint's weights only (a fresh schedule).
         ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
         ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
-        import re
         checkpoint = load_checkpoint(path, map_location=self.device)
-        state = checkpoint.get('state_dict', checkpoint)
-        for pattern, replacement in (self.revise_keys if revise_keys is None else revise_keys) or ():
-            state = {re.sub(pattern, replacement, key): value for key, value in state.items()}
+        state = revise_state_keys(checkpoint.get('state_dict', checkpoint),
+                                  self.revise_keys if revise_keys is None else revise_keys)
         frozen = checkpoint.get('meta', {}).get('frozen') if isinstance(checkpoint.get('meta'), dict) else None
         if frozen is not None and not frozen.get('saved', True):  # saved with save_frozen=False
             load_trained_state(self.model, state, frozen, path)
@@ -1018,10 +1020,11 @@ def build_trainer(name='default', default_args=None):
     notes = []
     if isinstance(target, type) and issubclass(target, Trainer):
         from .compat import modelscope
-        from .compat.mmcv_config import translate
+        from .compat.mmcv_config import is_mmcv_config, translate
         if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
             args = modelscope.trainer_args(args)
-        elif modelscope.looks_like_modelscope(args):  # a configuration.json
+        elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
+            # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
             args = modelscope.translate(args)
         args, notes = translate(args, target)
     trainer = TRAINERS.build(dict(type=target, **args))

@@ -1,4 +1,5 @@
 """Code written for MMCV 1.x's runner runs with its import line changed (hookloop.compat.mmcv)."""
+import logging
 import json
 import os
 import subprocess
@@ -187,7 +188,8 @@ def test_train_step_model_matches_plain_loop(tmp_path):
     x = torch.randn(32, 4)
     data = TensorDataset(x, (x.sum(1) > 0).long())
     runner = EpochBasedRunner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                              work_dir=str(tmp_path), max_epochs=2)
+                              work_dir=str(tmp_path), max_epochs=2,
+                              logger=logging.getLogger('test'))
     runner.register_training_hooks(lr_config=None, optimizer_config=dict(grad_clip=None))
     runner.run([DataLoader(data, batch_size=8)], [('train', 1)])
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
@@ -215,7 +217,7 @@ def test_iter_runner_workflow_val_and_revise_keys(tmp_path):
     data = TensorDataset(x, (x.sum(1) > 0).long())
     runner = build_runner(dict(type='IterBasedRunner', max_iters=6),
                           default_args=dict(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                            work_dir=str(tmp_path)))
+                                            work_dir=str(tmp_path), logger=logging.getLogger('test')))
     assert isinstance(runner, IterBasedRunner)
     runner.register_training_hooks(lr_config=dict(policy='poly', power=1.0, by_epoch=False),
                                    optimizer_config=dict(grad_clip=None),
@@ -234,7 +236,8 @@ def test_iter_runner_workflow_val_and_revise_keys(tmp_path):
     fresh = ValModel()
     load_checkpoint(fresh, str(tmp_path / 'wrapped.pth'))
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in fresh.state_dict().items())
-    other = EpochBasedRunner(ValModel(), optimizer=None, work_dir=str(tmp_path / 'other'), max_epochs=1)
+    other = EpochBasedRunner(ValModel(), optimizer=None, work_dir=str(tmp_path / 'other'), max_epochs=1,
+                             logger=logging.getLogger('other'))
     other.load_checkpoint(str(tmp_path / 'wrapped.pth'), revise_keys=[(r'^module\.', '')])
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in other.model.state_dict().items())
     other.close()
@@ -248,7 +251,8 @@ def test_eval_hook_calls_dataset_evaluate_like_mmdet(tmp_path):
     model = ToyClassifier(backbone=dict(width=8), head=dict(num_classes=2))
     val_set = ToyImageDataset('root', [], split='val', size=20)
     runner = EpochBasedRunner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                              work_dir=str(tmp_path), max_epochs=2, meta=dict(seed=0))
+                              work_dir=str(tmp_path), max_epochs=2, meta=dict(seed=0),
+                              logger=logging.getLogger('test'))
     runner.register_training_hooks(lr_config=None, optimizer_config=dict(grad_clip=None),
                                    log_config=dict(interval=1, hooks=[dict(type='TextLoggerHook')]))
     # mmdet's train_detector: runner.register_hook(eval_hook(val_dataloader, **eval_cfg), priority='LOW')

@@ -42,12 +42,20 @@ class DatasetEvaluator:
         else:  # one result for the whole batch (batch size 1, as most MMCV test loaders use)
             self.results.append(outputs)
 
-    def compute(self):
+    def gathered(self):
+        """The results of every rank, in sample order."""
         results = self.results
         if get_world_size() > 1:  # rank r holds samples r, r + W, ...: interleave them back into order
             per_rank = all_gather_objects(results)
             results = [part[i] for i in range(max(map(len, per_rank))) for part in per_rank if i < len(part)]
-        metrics = self.dataset.evaluate(results, logger=logging.getLogger('hookloop.evaluate'), **self.eval_kwargs)
+        return results
+
+    def compute(self):
+        return self.evaluate(self.gathered())
+
+    def evaluate(self, results, logger=None):
+        metrics = self.dataset.evaluate(results, logger=logger or logging.getLogger('hookloop.evaluate'),
+                                        **self.eval_kwargs)
         if not isinstance(metrics, Mapping):
             raise ConfigError(f'{type(self.dataset).__name__}.evaluate returned {type(metrics).__name__}, not a dict')
         return dict(metrics)

@@ -19,14 +19,16 @@ import torch
 from ..errors import ConfigError
 
 # MMCV keys this module consumes (they never reach the Trainer).
-MMCV_KEYS = ('runner', 'total_epochs', 'workflow', 'dist_params', 'gpu_ids', 'opencv_num_threads',
+MMCV_KEYS = ('runner', 'total_epochs', 'total_iters', 'optimizers', 'workflow', 'dist_params', 'gpu_ids',
+             'opencv_num_threads',
              'mp_start_method', 'cudnn_benchmark', 'auto_scale_lr', 'fp16', 'data', 'train_cfg', 'test_cfg')
 _DATA_KEYS = ('samples_per_gpu', 'workers_per_gpu', 'train', 'val', 'test', 'persistent_workers', 'shuffle',
               'pin_memory', 'drop_last', 'train_dataloader', 'val_dataloader', 'test_dataloader')
 _LOADER_OPTIONS = ('samples_per_gpu', 'workers_per_gpu', 'persistent_workers', 'shuffle', 'pin_memory', 'drop_last')
-_EVAL_HOOK_KEYS = ('interval', 'by_epoch', 'start', 'save_best', 'rule', 'type', 'priority')
+_EVAL_HOOK_KEYS = ('interval', 'by_epoch', 'start', 'save_best', 'rule', 'type', 'priority', 'greater_keys',
+                   'less_keys', 'dynamic_intervals')
 # EvalHook / DistEvalHook arguments with no meaning here (results are gathered in memory).
-_EVAL_IGNORED = ('gpu_collect', 'tmpdir', 'broadcast_bn_buffer', 'greater_keys', 'less_keys', 'out_dir',
+_EVAL_IGNORED = ('gpu_collect', 'tmpdir', 'broadcast_bn_buffer', 'out_dir',
                  'file_client_args', 'pre_eval', 'efficient_test')
 
 
@@ -63,6 +65,46 @@ def trainer_arguments(target):
     return list(dict.fromkeys(names))
 
 
+_BY_EPOCH_CONFIGS = ('lr_config', 'momentum_config', 'checkpoint_config', 'log_config')
+# Config names that are a known argument one level down: ``lr = 0.1`` at the top is not a
+# helper variable MMCV would ignore silently here, it is meant for the optimizer.
+_OPTIMIZER_ARGUMENTS = ('lr', 'momentum', 'weight_decay', 'betas', 'eps', 'nesterov', 'amsgrad', 'dampening')
+
+
+def misplaced_argument(name, value, optimizer=None):
+    """The error for a top-level ``name`` that is an optimizer argument (``lr = 0.1``) the
+    optimizer config does not use with that value, or None. Only numbers count (a helper
+    ``lr = 0.01`` that ``optimizer=dict(lr=lr)`` uses is fine)."""
+    if name not in _OPTIMIZER_ARGUMENTS or isinstance(value, (Mapping, str)) or callable(value):
+        return None
+    configs = [optimizer] if isinstance(optimizer, Mapping) and 'type' in optimizer else \
+        list(optimizer.values()) if isinstance(optimizer, Mapping) else []
+    if any(isinstance(c, Mapping) and c.get(name) == value for c in configs):
+        return None
+    return (f'{name} = {value!r} at the top of the config is not used (MMCV would ignore it as a helper variable): '
+            f'it is an optimizer argument; did you mean optimizer=dict(..., {name}={value!r})?')
+
+
+def iter_based_defaults(lr_config=None, momentum_config=None, checkpoint_config=None, log_config=None):
+    """MMCV's ``IterBasedRunner.register_training_hooks``: the LR, momentum, checkpoint and
+    logger hooks count in iterations (``by_epoch=False``) unless their config says otherwise.
+    Returns the four configs (copies; a Hook instance or None as given)."""
+    def per_iteration(cfg):
+        return {'by_epoch': False, **cfg} if isinstance(cfg, Mapping) else cfg
+    if isinstance(log_config, Mapping) and 'hooks' in log_config:
+        log_config = {**log_config, 'hooks': [per_iteration(h) for h in log_config['hooks']]}
+    elif isinstance(log_config, Mapping):
+        log_config = {**log_config, 'hooks': [dict(type='TextLoggerHook', by_epoch=False)]}
+    return dict(lr_config=per_iteration(lr_config), momentum_config=per_iteration(momentum_config),
+                checkpoint_config=per_iteration(checkpoint_config), log_config=log_config)
+
+
+def is_mmcv_config(cfg):
+    """True when ``cfg`` has MMCV 1.x keys or MMCV's hook configs (``lr_config``, ...): then a
+    top-level ``train`` is a helper variable (mmocr's dataset dicts), not a ModelScope section."""
+    return any(key in cfg for key in MMCV_KEYS + _BY_EPOCH_CONFIGS + ('optimizer_config', 'optimizers'))
+
+
 def needs_translation(cfg):
     """True when ``cfg`` holds an MMCV key, ``custom_imports`` as a dict or dataset options in ``evaluation``."""
     evaluation = cfg.get('evaluation')
@@ -78,7 +120,8 @@ def translate(cfg, target, build_data=True):
     known = trainer_arguments(target)
     cfg, problems, notes = dict(cfg), [], []
     _import_custom(cfg, problems, notes)
-    _run_length(cfg, problems)
+    _run_length(cfg, problems, notes)
+    _optimizers(cfg, problems)
     iter_based = cfg.pop('_iter_based', False)
     _process_settings(cfg, problems, notes)
     _data(cfg, problems)
@@ -87,15 +130,20 @@ def translate(cfg, target, build_data=True):
     _model_cfgs(cfg)
     _workflow(cfg, problems, notes, iter_based)
     _evaluation(cfg, problems, notes, iter_based, build_data)
-    if iter_based and isinstance(cfg.get('checkpoint_config'), Mapping):
-        cfg['checkpoint_config'] = {'by_epoch': False, **cfg['checkpoint_config']}
+    if iter_based:
+        for key, value in iter_based_defaults(**{k: cfg.get(k) for k in _BY_EPOCH_CONFIGS}).items():
+            if value is not None:
+                cfg[key] = value
     helpers = []
     for name in list(cfg):
         if name in known:
             continue
         typo = likely_typo(name, list(known) + list(MMCV_KEYS))
+        misplaced = misplaced_argument(name, cfg[name], cfg.get('optimizer'))
         if typo is not None:
             problems.append(f'{target.__name__} got an unexpected argument {name!r}; did you mean {typo!r}?')
+        elif misplaced is not None:
+            problems.append(misplaced)
         else:
             helpers.append(name)
         del cfg[name]
@@ -130,11 +178,20 @@ def _import_custom(cfg, problems, notes):
     cfg['custom_imports'] = imported
 
 
-def _run_length(cfg, problems):
+_RUNNER_LENGTHS = {'EpochBasedRunner': 'max_epochs', 'IterBasedRunner': 'max_iters',
+                   'DynamicIterBasedRunner': 'max_iters'}  # mmgeneration's; dynamic DDP is not needed here
+_RUNNER_IGNORED = {'DynamicIterBasedRunner': ('is_dynamic_ddp', 'pass_training_status', 'fp16_loss_scaler',
+                                              'use_apex_amp')}
+
+
+def _run_length(cfg, problems, notes):
     runner, total_epochs = cfg.pop('runner', None), cfg.pop('total_epochs', None)
+    total_iters = cfg.pop('total_iters', None)  # mmediting: IterBasedRunner(max_iters=total_iters)
     if runner is None:
         if total_epochs is not None:
             runner = dict(type='EpochBasedRunner', max_epochs=total_epochs)
+        elif total_iters is not None:
+            runner = dict(type='IterBasedRunner', max_iters=total_iters)
         else:
             return
     if not isinstance(runner, Mapping):
@@ -142,11 +199,16 @@ def _run_length(cfg, problems):
         return
     runner = dict(runner)
     kind = runner.pop('type', 'EpochBasedRunner')
-    length_key = {'EpochBasedRunner': 'max_epochs', 'IterBasedRunner': 'max_iters'}.get(kind)
+    length_key = _RUNNER_LENGTHS.get(kind)
     if length_key is None:
-        problems.append(f"runner type {kind!r} is not supported; use 'EpochBasedRunner' or 'IterBasedRunner'")
+        problems.append(f"runner type {kind!r} is not supported; use one of {', '.join(_RUNNER_LENGTHS)}")
         return
     value = runner.pop(length_key, None)
+    if value is None and length_key == 'max_iters':
+        value = total_iters
+    for key in _RUNNER_IGNORED.get(kind, ()):
+        if runner.pop(key, None) is not None:
+            notes.append(f'runner ({kind}) {key} has no effect here')
     if runner:
         problems.append(f'runner ({kind}) got unexpected keys {sorted(runner)}; it takes {length_key}')
     if value is None:
@@ -155,10 +217,25 @@ def _run_length(cfg, problems):
     if total_epochs is not None and length_key == 'max_epochs' and total_epochs != value:
         problems.append(f'total_epochs={total_epochs} and runner.max_epochs={value} disagree')
     for key in ('max_epochs', 'max_iters'):
+        # With a runner, a top-level max_epochs is a helper variable (YOLOX: max_epochs = 300,
+        # runner=dict(max_epochs=max_epochs)): MMCV reads only the runner's, so --cfg-options
+        # runner.max_epochs=N decides.
         if cfg.get(key) is not None and (key != length_key or cfg[key] != value):
-            problems.append(f'{key}={cfg[key]!r} conflicts with runner=dict(type={kind!r}, {length_key}={value!r})')
+            notes.append(f'{key}={cfg[key]!r} is a helper variable here: runner=dict(type={kind!r}, '
+                         f'{length_key}={value!r}) sets the run length (as in MMCV)')
+        cfg.pop(key, None)
     cfg[length_key] = value
-    cfg['_iter_based'] = kind == 'IterBasedRunner'
+    cfg['_iter_based'] = kind != 'EpochBasedRunner'
+
+
+def _optimizers(cfg, problems):
+    # mmediting / mmgeneration: optimizers=dict(generator=dict(...), discriminator=dict(...))
+    if 'optimizers' not in cfg:
+        return
+    if cfg.get('optimizer') is not None:
+        problems.append('optimizer and optimizers both describe the optimizers; keep one')
+        return
+    cfg['optimizer'] = cfg.pop('optimizers')
 
 
 def _process_settings(cfg, problems, notes):
@@ -207,6 +284,13 @@ def _loader(dataset, options, shuffle):
     return loader
 
 
+def _samples_spelling(options):
+    # mmaction2 0.x: videos_per_gpu is samples_per_gpu
+    if 'videos_per_gpu' in options:
+        options.setdefault('samples_per_gpu', options.pop('videos_per_gpu'))
+    return options
+
+
 def _data(cfg, problems):
     data = cfg.pop('data', None)
     if data is None:
@@ -214,7 +298,10 @@ def _data(cfg, problems):
     if not isinstance(data, Mapping):
         problems.append(f'data must be a dict like dict(samples_per_gpu=2, workers_per_gpu=2, train=...), got {data!r}')
         return
-    data = dict(data)
+    data = _samples_spelling(dict(data))
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        if isinstance(data.get(key), Mapping):
+            data[key] = _samples_spelling(dict(data[key]))
     unknown = sorted(set(data) - set(_DATA_KEYS))
     if unknown:
         problems.append(f'data got unknown keys {unknown}; known: {", ".join(_DATA_KEYS)}')

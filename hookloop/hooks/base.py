@@ -155,6 +155,13 @@ class Hook:
         """The current epoch's last iteration (where :meth:`end_of_epoch` is true)."""
         return trainer.iter - trainer.inner_iter + trainer.epoch_length - 1
 
+    def get_triggered_stages(self):
+        """MMCV's: the stages this hook does something at, in MMCV's order (a generic
+        ``before_epoch`` / ``after_iter`` ... counts for the train and the val stage)."""
+        order = ('before_run', 'before_train_epoch', 'before_train_iter', 'after_train_iter', 'after_train_epoch',
+                 'before_val_epoch', 'before_val_iter', 'after_val_iter', 'after_val_epoch', 'after_run')
+        return [stage for stage in order if overrides(self, stage)]
+
     # -- identity ------------------------------------------------------------------------
     @property
     def name(self):

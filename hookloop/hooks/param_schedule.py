@@ -39,13 +39,14 @@ def check_number(owner, name, value, low=None, high=None, low_open=False, high_o
 
 
 def check_step(owner, step):
-    """``step``: a positive int, or a strictly increasing list of positive ints."""
+    """``step``: a positive int, or a strictly increasing list of positive ints (``[]``: no
+    decay, as MMCV allows)."""
     if isinstance(step, bool):
         raise ConfigError(f'{owner}: step must be a positive int or an increasing list of them, got {step!r}')
     if isinstance(step, int):
         check_number(owner, 'step', step, low=0, low_open=True, integer=True)
         return step
-    if not isinstance(step, (list, tuple)) or not step or \
+    if not isinstance(step, (list, tuple)) or \
             not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in step):
         raise ConfigError(f'{owner}: step must be a positive int or an increasing list of positive ints, '
                           f'got {step!r}')

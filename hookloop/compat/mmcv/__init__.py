@@ -1,0 +1,192 @@
+"""The ``mmcv.runner`` names user code imports, as thin adapters over hookloop's Trainer.
+
+Code written for MMCV 1.x runs with its import line changed::
+
+    from hookloop.compat.mmcv import EpochBasedRunner, get_logger   # was: from mmcv.runner import ...
+
+    runner = EpochBasedRunner(model, optimizer=optimizer, work_dir='./work_dir', logger=logger, max_epochs=4)
+    runner.register_training_hooks(lr_config=dict(policy='step', step=[2, 3]),
+                                   optimizer_config=dict(grad_clip=None), checkpoint_config=dict(interval=1),
+                                   log_config=dict(interval=100, hooks=[dict(type='TextLoggerHook')]))
+    runner.run([trainloader], [('train', 1)])
+
+A runner holds one :class:`~hookloop.Trainer` (``runner.trainer``); every step, schedule,
+checkpoint and log line is the Trainer's and its hooks'. What the adapter adds is MMCV's
+shape: loaders given to ``run``, ``workflow``, ``latest.pth`` next to ``last_checkpoint``,
+``meta`` in checkpoints, ``load_checkpoint(revise_keys=...)``. A model with
+``train_step(data_batch, optimizer)`` is driven through it (see docs/migration.md).
+
+The package: ``runner`` (the runners), ``eval_hook`` (``EvalHook``), ``loggers`` (MMCV's
+logger formats), and the submodules MMCV code imports (``hooks``, ``hooks.hook``,
+``hooks.lr_updater``, ``fp16_utils``, ``checkpoint``, ``dist_utils``, ``optimizer``).
+"""
+import logging
+import os
+import sys
+
+import torch
+
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.conv import _ConvNd
+from torch.nn import SyncBatchNorm
+
+from ...amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
+from ...checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
+from ...dist import get_rank, get_world_size, init_distributed
+from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
+from ...hooks import (CheckpointHook, EMAHook, Hook, IterTimerHook, LoggerHook, TensorboardLoggerHook,
+                      TextLoggerHook)
+from ...hooks import optimizer as _optimizer_hooks
+from ...hooks import lr_updater, momentum_updater
+from ...optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
+    build_optimizers
+from ...priority import Priority, get_priority
+from ...registry import HOOKS, OPTIMIZERS, Registry
+from ...schedules import annealing_cos, annealing_linear
+from ...trainer import plain
+from ..mmcv_runner import model_meta, revise_state_keys
+from .eval_hook import DistEvalHook, EvalHook
+from .runner import (LATEST_LINK, RUNNERS, BaseRunner, EpochBasedRunner, IterBasedRunner, build_runner,  # noqa: F401
+                     is_module_wrapper, link_latest)
+
+OPTIMIZER_BUILDERS = OPTIMIZER_CONSTRUCTORS  # MMCV's name for the constructor registry
+
+
+# -- the module-level helpers of mmcv.runner ---------------------------------------------------
+def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=None,
+                    revise_keys=((r'^module\.', ''),)):
+    """Load ``filename``'s weights into ``model`` (``weights_only``), renaming keys first
+    (the state dict's ``_metadata`` is kept)."""
+    checkpoint = _load_file(filename, map_location=map_location)
+    state = revise_state_keys(checkpoint.get('state_dict', checkpoint), revise_keys)
+    result = getattr(model, 'module', model).load_state_dict(state, strict=strict)
+    if (result.missing_keys or result.unexpected_keys) and logger is not None:
+        logger.warning('load_checkpoint %s: missing keys %s, unexpected keys %s', filename, result.missing_keys,
+                       result.unexpected_keys)
+    return checkpoint
+
+
+def save_checkpoint(model, filename, optimizer=None, meta=None):
+    """Write ``model``'s weights (and the optimizer state) atomically, MMCV's layout; ``meta``
+    gets ``CLASSES`` from the model when it has them."""
+    if meta is not None and not isinstance(meta, dict):
+        raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
+    meta = {**model_meta(model), **(meta or {})}
+    checkpoint = {'meta': plain(meta), 'state_dict': getattr(model, 'module', model).state_dict()}
+    if optimizer is not None:
+        checkpoint['optimizer'] = optimizer.state_dict()
+    directory = os.path.dirname(os.path.abspath(filename))
+    os.makedirs(directory, exist_ok=True)
+    _save_file(checkpoint, filename)
+
+
+def get_dist_info():
+    """``(rank, world_size)``; ``(0, 1)`` outside a process group."""
+    return get_rank(), get_world_size()
+
+
+def init_dist(launcher, backend='nccl', **kwargs):
+    """Join the process group (``launcher='pytorch'``: torchrun's environment)."""
+    if launcher not in ('pytorch', 'none'):
+        raise ConfigError(f'init_dist launcher {launcher!r} is not supported; use torchrun with launcher="pytorch"')
+    if backend == 'nccl' and not torch.cuda.is_available():
+        backend = 'gloo'
+    return init_distributed('pytorch' if launcher == 'pytorch' else 'none', backend)
+
+
+def wrap_fp16_model(model):
+    """Turn on MMCV's ``fp16_enabled`` switches. The weights stay float32: ``auto_fp16``
+    runs the decorated methods under fp16 autocast instead of casting the model to half."""
+    for module in mmcv_fp16_modules(model):
+        module.fp16_enabled = True
+    return model
+
+
+def get_logger(name, log_file=None, log_level=logging.INFO, file_mode='w'):
+    """A logger printing to stdout (and ``log_file``) in MMCV's format."""
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        formatter = logging.Formatter('%(asctime)s - %(name)s - %(levelname)s - %(message)s')
+        handlers = [logging.StreamHandler(sys.stdout)]
+        if log_file is not None and get_rank() == 0:
+            handlers.append(logging.FileHandler(log_file, file_mode))
+        for handler in handlers:
+            handler.setFormatter(formatter)
+            logger.addHandler(handler)
+    logger.setLevel(log_level if get_rank() == 0 else logging.ERROR)
+    return logger
+
+
+def MMDataParallel(module, device_ids=None, dim=0, **kwargs):  # noqa: N802 (MMCV's class name)
+    """The module itself: the trainer moves batches to the model's device."""
+    return module
+
+
+def MMDistributedDataParallel(module, device_ids=None, broadcast_buffers=False, find_unused_parameters=False,
+                              **kwargs):  # noqa: N802
+    """The module itself: the trainer wraps it in DDP (pass ``find_unused_parameters`` to the Trainer)."""
+    return module
+
+
+def master_only(func):
+    """Run ``func`` on rank 0 only (returns None elsewhere)."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if get_rank() == 0:
+            return func(*args, **kwargs)
+    return wrapper
+
+
+# MMCV's logger formats (learning_rate / momentum tags, MMCV's steps); the native hooks keep hookloop's
+from .loggers import (ClearMLLoggerHook, DvcliveLoggerHook, MlflowLoggerHook, NeptuneLoggerHook,  # noqa: E402
+                      PaviLoggerHook, SegmindLoggerHook, SyncBuffersHook, WandbLoggerHook)
+
+
+def mmcv_asserting(cls):
+    """``cls`` with MMCV's exception type for bad arguments: MMCV asserts them, so the
+    ConfigError hookloop raises becomes a :class:`ConfigAssertionError` (also an
+    ``AssertionError`` and still a ``ValueError``)."""
+    import functools
+
+    @functools.wraps(cls.__init__)
+    def __init__(self, *args, **kwargs):
+        try:
+            cls.__init__(self, *args, **kwargs)
+        except ConfigAssertionError:
+            raise
+        except ConfigError as exc:
+            raise ConfigAssertionError(str(exc)) from None
+    return type(cls.__name__, (cls,), {'__init__': __init__, '__doc__': cls.__doc__, '__module__': __name__})
+
+
+def _schedule_hooks():
+    names = {}
+    for module in (lr_updater, momentum_updater):
+        for name, value in vars(module).items():
+            if name.endswith(('LrUpdaterHook', 'MomentumUpdaterHook')) and isinstance(value, type):
+                names[name] = mmcv_asserting(value)
+    return names
+
+
+SCHEDULE_HOOKS = _schedule_hooks()  # built once: mmcv.runner and mmcv.runner.hooks.lr_updater share the classes
+globals().update(SCHEDULE_HOOKS)
+# The optimizer hooks, with MMCV's exception types for their arguments.
+OptimizerHook = mmcv_asserting(_optimizer_hooks.OptimizerHook)
+Fp16OptimizerHook = mmcv_asserting(_optimizer_hooks.Fp16OptimizerHook)
+GradientCumulativeOptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeOptimizerHook)
+GradientCumulativeFp16OptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeFp16OptimizerHook)
+
+__all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'build_runner', 'HOOKS', 'Hook',
+           'OptimizerHook', 'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook',
+           'GradientCumulativeFp16OptimizerHook', 'EMAHook', 'CheckpointHook', 'EvalHook', 'DistEvalHook',
+           'IterTimerHook', 'LoggerHook', 'TextLoggerHook', 'TensorboardLoggerHook', 'MlflowLoggerHook',
+           'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'build_optimizer', 'build_optimizers',
+           'DefaultOptimizerConstructor', 'OPTIMIZER_CONSTRUCTORS', 'load_checkpoint', 'save_checkpoint',
+           'get_dist_info', 'init_dist', 'auto_fp16', 'force_fp32', 'wrap_fp16_model', 'Priority', 'get_priority',
+           'get_logger', 'MMDataParallel', 'MMDistributedDataParallel', 'is_module_wrapper', 'annealing_cos',
+           'annealing_linear', 'OPTIMIZER_BUILDERS', 'OPTIMIZERS', 'SyncBatchNorm', '_BatchNorm', '_ConvNd',
+           'cast_tensor_type', 'master_only', 'SyncBuffersHook', 'PaviLoggerHook', 'ClearMLLoggerHook',
+           'SegmindLoggerHook',
+           'Registry'] + sorted(SCHEDULE_HOOKS)

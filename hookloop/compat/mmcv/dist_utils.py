@@ -1,0 +1,2 @@
+"""``mmcv.runner.dist_utils``."""
+from . import get_dist_info, init_dist, master_only  # noqa: F401

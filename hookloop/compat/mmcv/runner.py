@@ -1,0 +1,295 @@
+"""The MMCV runners (``EpochBasedRunner``, ``IterBasedRunner``, ``build_runner``) over one
+:class:`~hookloop.Trainer` each; see :mod:`hookloop.compat.mmcv`."""
+import logging
+import os
+import warnings
+
+import torch
+from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
+from ...hooks import EvaluationHook
+from ...registry import Registry
+from ...trainer import Trainer, plain
+from ..log_vars_evaluator import LogVarsEvaluator
+from ..mmcv_config import iter_based_defaults
+
+RUNNERS = Registry('runner')
+LATEST_LINK = 'latest.pth'
+
+
+def link_latest(path):
+    """Point ``<dir of path>/latest.pth`` at ``path`` (a relative symlink, replaced atomically),
+    as MMCV's ``save_checkpoint(create_symlink=True)`` does."""
+    directory = os.path.dirname(path)
+    link, temporary = os.path.join(directory, LATEST_LINK), os.path.join(directory, f'.{LATEST_LINK}.tmp')
+    if os.path.lexists(temporary):
+        os.remove(temporary)
+    os.symlink(os.path.basename(path), temporary)
+    os.replace(temporary, link)
+
+
+class _MMCVTrainer(Trainer):
+    """The Trainer with two MMCV habits: ``latest.pth`` beside each checkpoint the pointer
+    moves to (MMCV code resumes from it), and the runner's ``meta`` in every checkpoint."""
+
+    runner_meta = None
+
+    def state_dict(self, save_optimizer=True, save_frozen=True):
+        checkpoint = super().state_dict(save_optimizer, save_frozen)
+        for key, value in plain(self.runner_meta or {}).items():
+            checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
+        return checkpoint
+
+    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
+        path = super().write_checkpoint(checkpoint, path, update_last, asynchronous, on_disk)
+        if update_last and self.meta is not None:  # MMCV's CheckpointHook: meta['hook_msgs']['last_ckpt']
+            self.meta.setdefault('hook_msgs', {})['last_ckpt'] = path
+        if update_last and self.rank == 0:
+            if asynchronous:  # latest.pth must never name a file still being written
+                self.wait_for_checkpoint()
+            link_latest(path)
+        return path
+
+
+class _BatchProcessorModel(nn.Module):
+    """MMCV's deprecated ``batch_processor(model, data, train_mode)`` as a model's
+    ``train_step`` / ``val_step``; its weights (and checkpoint keys) are the user model's."""
+
+    def __init__(self, module, batch_processor):
+        super().__init__()
+        self.module, self.batch_processor = module, batch_processor
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train_step(self, data_batch, optimizer=None, **kwargs):
+        return self.batch_processor(self.module, data_batch, train_mode=True, **kwargs)
+
+    def val_step(self, data_batch, optimizer=None, **kwargs):
+        return self.batch_processor(self.module, data_batch, train_mode=False, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True, **kwargs):
+        return self.module.load_state_dict(state_dict, strict=strict, **kwargs)
+
+
+class _BothStepsError(ConfigError, RuntimeError):
+    """MMCV raises RuntimeError here."""
+
+
+def _check_runner_arguments(model, batch_processor, optimizer, work_dir, logger, meta, max_iters, max_epochs):
+    """MMCV BaseRunner's checks, with its exception types (and hookloop's ConfigError)."""
+    if batch_processor is not None:
+        if not callable(batch_processor):
+            raise ConfigTypeError(f'batch_processor must be callable, but got {type(batch_processor).__name__}')
+        warnings.warn('batch_processor is deprecated, please implement train_step() and val_step() in the '
+                      'model instead.', UserWarning)
+        if is_module_wrapper(model) and hasattr(model.module, 'train_step') or hasattr(model, 'train_step'):
+            raise _BothStepsError('batch_processor and model.train_step()/model.val_step() cannot be both '
+                                  'available.')
+    elif not hasattr(model, 'train_step') and type(model).forward is nn.Module.forward:
+        # MMCV asserts train_step; hookloop also trains a model whose forward returns the losses
+        raise ConfigAssertionError('the model must have a train_step(data_batch, optimizer) method, a forward '
+                                   'that returns the losses, or a batch_processor')
+    optimizers = optimizer.values() if isinstance(optimizer, dict) else [] if optimizer is None else [optimizer]
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise ConfigTypeError(f'optimizer must be a torch.optim.Optimizer or a dict of them, got '
+                                  f'{type(opt).__name__}')
+    if not isinstance(logger, logging.Logger):
+        raise ConfigTypeError(f'logger must be a logging.Logger object, but got {type(logger).__name__}')
+    if meta is not None and not isinstance(meta, dict):
+        raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
+    if work_dir is not None and not isinstance(work_dir, (str, os.PathLike)):
+        raise ConfigTypeError('"work_dir" must be a str or None')
+    if max_epochs is not None and max_iters is not None:
+        raise ConfigError('Only one of `max_epochs` or `max_iters` can be set.')
+
+
+class BaseRunner:
+    """MMCV's runner constructor and methods over a Trainer built at once (without data:
+    the loaders come with :meth:`run`)."""
+
+    by_epoch = True
+    filename_tmpl = 'epoch_{}.pth'
+
+    def __init__(self, model, batch_processor=None, optimizer=None, work_dir=None, logger=None, meta=None,
+                 max_iters=None, max_epochs=None):
+        _check_runner_arguments(model, batch_processor, optimizer, work_dir, logger, meta, max_iters, max_epochs)
+        if batch_processor is not None:
+            model = _BatchProcessorModel(model, batch_processor)
+        parameters = list(model.parameters())
+        device = parameters[0].device if parameters else 'cpu'  # MMCV leaves the model where the user put it
+        if work_dir is not None:
+            os.makedirs(work_dir, exist_ok=True)  # MMCV makes it at once
+        trainer = _MMCVTrainer(model, optimizer=optimizer, work_dir=os.fspath(work_dir or 'work_dirs/default'),
+                               seed=(meta or {}).get('seed'), device=device)
+        trainer.runner_meta = meta
+        trainer.meta = meta
+        object.__setattr__(self, 'trainer', trainer)
+        self.user_logger = logger  # MMCV code may log to its own logger; the run logs to trainer.logger
+        self._max_epochs, self._max_iters = max_epochs, max_iters
+
+    # Attributes hooks and scripts assign that are the Trainer's state.
+    _TRAINER_ATTRIBUTES = ('meta',)
+
+    def __setattr__(self, name, value):
+        if name in ('_epoch', '_iter'):  # MMCV tests and scripts set the counters to continue a run
+            self._set_counter(name[1:], value)
+        elif name in self._TRAINER_ATTRIBUTES:
+            setattr(self.trainer, name, value)
+            if name == 'meta':
+                self.trainer.runner_meta = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def _set_counter(self, name, value):
+        position = self.trainer.position
+        if name == 'epoch':
+            position.epoch = value
+        else:
+            position.iter = position.inner_iter = value
+
+    @property
+    def model(self):
+        model = self.trainer.model
+        return model.module if isinstance(model, _BatchProcessorModel) else model
+
+    @model.setter
+    def model(self, model):
+        """Swap the model before a run (MMCV scripts assign ``runner.model``); the optimizer
+        keeps the parameters it was built with, as in MMCV."""
+        trainer = self.trainer
+        if trainer.world_size > 1:
+            raise ConfigError('runner.model cannot be replaced in a distributed run; build a new runner')
+        parameters = list(model.parameters())
+        model = model.to(parameters[0].device if parameters else trainer.device)
+        trainer.model = trainer.wrapped_model = model
+        trainer._model_train_step = hasattr(model, 'train_step')
+
+    # The run's state is the Trainer's: epoch, iter, inner_iter, optimizer, logger, meta,
+    # work_dir, hooks, outputs, rank, world_size, data_loader, log_buffer, register_*_hook, ...
+    def __getattr__(self, name):
+        if name == 'trainer':
+            raise AttributeError(name)
+        return getattr(self.trainer, name)
+
+    @property
+    def max_epochs(self):
+        return self._max_epochs if self.trainer.train_dataloader is None else self.trainer.max_epochs
+
+    @property
+    def max_iters(self):
+        return self._max_iters if self.trainer.train_dataloader is None else self.trainer.max_iters
+
+    @property
+    def model_name(self):
+        return type(self.model).__name__
+
+    def register_hook(self, hook, priority='NORMAL'):
+        return self.trainer.register_hook(hook, priority=priority)
+
+    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
+                                log_config=None, momentum_config=None, timer_config=dict(type='IterTimerHook'),
+                                custom_hooks_config=None):
+        self.trainer.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
+                                             momentum_config, timer_config, custom_hooks_config)
+
+    def run(self, data_loaders, workflow, max_epochs=None, max_iters=None, **kwargs):
+        """``data_loaders[i]`` goes with ``workflow[i]``: ``[('train', n)]``, optionally with
+        ``('val', k)``, which validates every ``n`` epochs (iterations) with ``val_step``."""
+        if len(data_loaders) != len(workflow):
+            raise ConfigError(f'run() got {len(data_loaders)} data loaders for a workflow of {len(workflow)}')
+        modes = [mode for mode, _ in workflow]
+        if modes.count('train') != 1 or set(modes) - {'train', 'val'}:
+            raise ConfigError(f"workflow {workflow!r}: give one ('train', n) and optionally ('val', k)")
+        length_key = 'max_epochs' if self.by_epoch else 'max_iters'
+        length = (max_epochs if self.by_epoch else max_iters) or getattr(self, f'_{length_key}')
+        if length is None:
+            raise ConfigError(f'{type(self).__name__} needs {length_key} (in the constructor or in run())')
+        trainer = self.trainer
+        train_index = modes.index('train')
+        if 'val' in modes:
+            trainer.val_dataloader = trainer.build_val_loader(data_loaders[modes.index('val')])
+            if trainer.val_evaluator is None:
+                trainer.val_evaluator = LogVarsEvaluator()
+            if not any(getattr(h, 'ROLE', None) == 'evaluation' for h in trainer.hooks):
+                trainer.register_hook(EvaluationHook(interval=workflow[train_index][1], by_epoch=self.by_epoch))
+        trainer.set_train_dataloader(data_loaders[train_index], **{length_key: length})
+        return trainer.train()
+
+    def resume(self, checkpoint, resume_optimizer=True, map_location='default'):
+        """Continue exactly from ``checkpoint`` (model, optimizer(s), counters, hooks, RNG)."""
+        if not resume_optimizer:
+            raise ConfigError('resume(resume_optimizer=False) is not supported: hookloop resumes exactly; '
+                              'use load_checkpoint(path) to start from the weights only')
+        self.trainer.resume(checkpoint)
+
+    def load_checkpoint(self, filename, map_location='cpu', strict=False, revise_keys=((r'^module\.', ''),)):
+        """Load weights only, renaming keys with ``revise_keys`` first; returns the checkpoint."""
+        return self.trainer.load_weights(filename, strict=strict, revise_keys=list(revise_keys))
+
+    def save_checkpoint(self, out_dir, filename_tmpl=None, save_optimizer=True, meta=None, create_symlink=True):
+        if meta is not None and not isinstance(meta, dict):
+            raise ConfigTypeError(f'meta should be a dict or None, but got {type(meta).__name__}')
+        count = self.trainer.epoch + 1 if self.by_epoch else self.trainer.iter + 1
+        path = os.path.join(out_dir, (filename_tmpl or self.filename_tmpl).format(count))
+        previous = self.trainer.runner_meta
+        self.trainer.runner_meta = {**(previous or {}), **(meta or {})}
+        try:
+            checkpoint = self.trainer.build_checkpoint(save_optimizer=save_optimizer)
+            # the last_checkpoint pointer moves for a save into the work dir only (MMCV has none)
+            inside = os.path.abspath(out_dir) == os.path.abspath(self.trainer.work_dir)
+            path = Trainer.write_checkpoint(self.trainer, checkpoint, path, update_last=inside)  # no link yet
+        finally:
+            self.trainer.runner_meta = previous
+        if create_symlink and self.trainer.rank == 0:
+            link_latest(path)
+        return path
+
+    def current_lr(self):
+        return self.trainer.current_lr()
+
+
+@RUNNERS.register_module()
+class EpochBasedRunner(BaseRunner):
+    """MMCV's ``EpochBasedRunner(model, optimizer=, work_dir=, logger=, meta=, max_epochs=)``."""
+
+
+@RUNNERS.register_module()
+class IterBasedRunner(BaseRunner):
+    """MMCV's ``IterBasedRunner(model, optimizer=, work_dir=, logger=, meta=, max_iters=)``; the
+    loader is cycled, checkpoints are ``iter_{n}.pth``."""
+
+    by_epoch = False
+    filename_tmpl = 'iter_{}.pth'
+
+    def run(self, data_loaders, workflow, max_iters=None, **kwargs):
+        """MMCV's ``IterBasedRunner.run(data_loaders, workflow, max_iters=None)``."""
+        return super().run(data_loaders, workflow, max_iters=max_iters, **kwargs)
+
+    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
+                                log_config=None, momentum_config=None, timer_config=dict(type='IterTimerHook'),
+                                custom_hooks_config=None):
+        """MMCV's: the LR, momentum, checkpoint and logger hooks count iterations
+        (``by_epoch=False``) unless their config says otherwise."""
+        configs = iter_based_defaults(lr_config, momentum_config, checkpoint_config, log_config)
+        super().register_training_hooks(configs['lr_config'], optimizer_config, configs['checkpoint_config'],
+                                        configs['log_config'], configs['momentum_config'], timer_config,
+                                        custom_hooks_config)
+
+
+def build_runner(cfg, default_args=None):
+    """MMCV's ``build_runner(dict(type='EpochBasedRunner', max_epochs=12), default_args=dict(model=...))``."""
+    cfg = dict(cfg)
+    cfg.pop('constructor', None)  # MMCV's DefaultRunnerConstructor: nothing else to construct
+    return RUNNERS.build(cfg, default_args=default_args)
+
+
+def is_module_wrapper(module):
+    """True for the wrappers whose ``.module`` is the model (DataParallel, DDP)."""
+    return isinstance(module, (DataParallel, DistributedDataParallel))
