@@ -92,7 +92,7 @@ class BestCheckpoint:
             return False
         previous = self.path
         self.score, self.metric = score, key
-        self.path = storage.join(directory, f'best_{key}_{filename}')
+        self.path = storage.join(directory, self.file_name(key, score, filename))
         write(self.path)
         if trainer.rank == 0 and previous and previous != self.path and inside(previous, directory):
             for victim in (previous, os.path.splitext(previous)[0] + '.safetensors'):
@@ -100,6 +100,10 @@ class BestCheckpoint:
                     remove_checkpoint(victim)
         trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
         return True
+
+    def file_name(self, key, score, filename):
+        """The best file's name when ``key`` reached ``score`` at ``filename`` (``epoch_3.pth``)."""
+        return f'best_{key}_{filename}'
 
     def _key(self, metrics):
         if self.save_best == 'auto':
