@@ -98,8 +98,7 @@ def test_use_fp16_and_iters_per_epoch_arguments_are_honoured(tmp_path):
         trainer.train()
     finally:
         trainer.close()
-    train = [r for r in records(str(tmp_path / 'work')) if r['mode'] == 'train']
-    assert trainer.iter == 6
+    assert trainer.iter == 6  # 2 epochs of 3 iterations
     assert counter.batches == [0, 1, 0, 1]  # two validations of two batches each
 
 
@@ -182,9 +181,20 @@ class Stream(IterableDataset):
         return iter([data[i] for i in range(len(data))])
 
 
+class FirstBatches(Hook):
+    def __init__(self):
+        self.labels = []
+
+    def before_train_iter(self, trainer):
+        self.labels.append(trainer.data_batch['labels'].tolist())
+
+
 def test_an_iterable_train_set_is_not_shuffled_and_trains(tmp_path):
-    trainer = run(tmp_path, train_dataset=Stream(), train_iters_per_epoch=3)
+    seen = FirstBatches()
+    trainer = run(tmp_path, train_dataset=Stream(), train_iters_per_epoch=3, callbacks=[seen])
     assert trainer.iter == 6
+    stream = [sample['labels'].item() for sample in Stream()]
+    assert seen.labels[:3] == [stream[0:4], stream[4:8], stream[8:12]]  # the stream's own order
 
 
 # -- 15: what ModelScope users and tools read back -------------------------------------------
@@ -248,7 +258,8 @@ def test_lr_with_cumulative_iters_steps_as_modelscope(tmp_path):
 def test_the_native_api_keeps_hookloops_names(tmp_path):
     data = ms_toy.ToySequenceClassification('train')
     trainer = Trainer(model=ms_toy.ToyTextClassifier(), optimizer=dict(type='SGD', lr=0.1),
-                      train_dataloader=dict(dataset=data, batch_size=4), val_dataloader=dict(dataset=data, batch_size=8),
+                      train_dataloader=dict(dataset=data, batch_size=4),
+                      val_dataloader=dict(dataset=data, batch_size=8),
                       val_evaluator=dict(type='Accuracy', target_key='labels'), max_epochs=1,
                       work_dir=str(tmp_path / 'work'), seed=0, device='cpu',
                       checkpoint_config=dict(interval=1, save_best='accuracy'),

@@ -160,7 +160,8 @@ class MetricAdapter:
             self.reset()
         values = self.metric.evaluate()
         if not isinstance(values, Mapping):
-            raise ConfigError(f'{type(self.metric).__name__}.evaluate() must return a dict, got {type(values).__name__}')
+            raise ConfigError(f'{type(self.metric).__name__}.evaluate() must return a dict, '
+                              f'got {type(values).__name__}')
         return dict(values)
 
 
