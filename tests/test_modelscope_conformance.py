@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import IterableDataset
 
-from hookloop import METRICS, Hook, Trainer, build_trainer
+from hookloop import METRICS, ConfigError, Hook, Trainer, build_trainer
 from hookloop.cli import main
 
 import mmcv_style.ms_toy as ms_toy
@@ -282,3 +282,35 @@ def test_cli_trains_a_configuration_with_modelscope_sections(tmp_path):
     assert main(['train', path, '--cfg-options', 'seed=0', 'device="cpu"']) == 0
     assert os.path.exists(tmp_path / 'work' / 'epoch_1.pth')
     assert os.path.exists(tmp_path / 'work' / 'output' / 'pytorch_model.bin')
+
+
+def test_an_argument_hookloop_cannot_use_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match='not supported: use_fpl6'):  # a typo of use_fp16
+        build_trainer('EpochBasedTrainer', default_args=dict(cfg_file=write(tmp_path), use_fpl6=True))
+    assert not os.path.exists(tmp_path / 'work')
+
+
+def test_the_tasks_default_metric_is_used_without_evaluation_metrics(tmp_path):
+    configuration = json.loads(json.dumps(BASE))
+    del configuration['evaluation']['metrics']  # text-classification: ModelScope uses seq-cls-metric
+    trainer = run(tmp_path, write(tmp_path, configuration, max_epochs=1))
+    expected = plain_accuracy(trainer.model, ms_toy.ToySequenceClassification('val'))
+    assert trainer.metrics == {'accuracy': pytest.approx(expected)}
+
+
+def test_resume_continues_the_delayed_schedule_exactly(tmp_path):
+    configuration = json.loads(json.dumps(BASE))
+    configuration['train']['optimizer'] = {'type': 'SGD', 'lr': 0.1, 'options': {'cumulative_iters': 4}}
+    configuration['train']['lr_scheduler'] = {'type': 'StepLR', 'step_size': 3, 'gamma': 0.5,
+                                              'options': {'by_epoch': False,
+                                                          'warmup': {'type': 'LinearWarmup', 'warmup_iters': 2}}}
+    configuration['train']['hooks'] = [{'type': 'TextLoggerHook', 'interval': 1}]
+    path = write(tmp_path, configuration, max_epochs=2)
+    whole = run(tmp_path, path)
+    work = tmp_path / 'work'
+    lrs = [r['lr'] for r in records(str(work)) if r['mode'] == 'train']
+    resumed = tmp_path / 'resumed'
+    again = run(tmp_path, path, work_dir=str(resumed), resume_from=str(work / 'epoch_1.pth'))
+    tail = [r['lr'] for r in records(str(resumed)) if r['mode'] == 'train']
+    assert tail == pytest.approx(lrs[10:]) and len(tail) == 10
+    assert all(torch.equal(a, b) for a, b in zip(whole.model.state_dict().values(), again.model.state_dict().values()))

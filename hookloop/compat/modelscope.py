@@ -71,7 +71,7 @@ def translate(cfg, configuration=None, extras=None):
     train = dict(ms.get('train') or {})
     train.pop('hooks', None)
     _train_section(train, hooks, out, problems, configuration)
-    _evaluation_section(dict(ms.get('evaluation') or {}), out, problems)
+    _evaluation_section(dict(ms.get('evaluation') or {}), out, problems, ms.get('task'))
     if problems:
         raise ConfigError('ModelScope configuration: ' + '; '.join(problems))
     for key in ('_lr_hook', '_cumulative_iters'):
@@ -205,8 +205,8 @@ def _lr_config(scheduler, lr_hook, cumulative_iters=1):
     return dict(type='TorchSchedulerHook', by_epoch=by_epoch, scheduler=build)
 
 
-def _evaluation_section(evaluation, out, problems):
-    from .modelscope_metrics import metric
+def _evaluation_section(evaluation, out, problems, task=None):
+    from .modelscope_metrics import TASK_METRICS, metric
     if evaluation.get('val_iters_per_epoch') is not None:
         out['val_iters'] = evaluation.pop('val_iters_per_epoch')
     evaluation.pop('val_iters_per_epoch', None)
@@ -214,6 +214,8 @@ def _evaluation_section(evaluation, out, problems):
     if 'val_dataloader' in out:
         out['val_dataloader'] = {'shuffle': False, **options, **out['val_dataloader']}
     metrics = evaluation.pop('metrics', None)
+    if metrics is None and 'val_dataloader' in out and 'val_evaluator' not in out:
+        metrics = TASK_METRICS.get(task)  # ModelScope's default metrics of the task
     if metrics is not None:
         metrics = [metrics] if isinstance(metrics, (str, Mapping)) else list(metrics)
         try:
@@ -311,5 +313,27 @@ def trainer_args(default_args):
         kwargs['custom_hooks'] = list(kwargs.get('custom_hooks', [])) + list(callbacks)
     if args.get('device') == 'gpu':  # ModelScope's name
         args['device'] = 'cuda'
+    compile_options = args.pop('compile_options', None)
+    if args.get('compile') and compile_options:
+        args['compile'] = dict(compile_options)
+    if args.pop('remove_unused_data', False):
+        raise ConfigError('ModelScope build_trainer argument remove_unused_data=True is not supported '
+                          "(give the model's forward a **kwargs or drop the keys in data_collator)")
+    _refuse_unknown(args)
     kwargs.update(args)
     return kwargs
+
+
+def _refuse_unknown(args):
+    """ModelScope's trainer takes ``**kwargs``; an argument hookloop has no use for is refused
+    here rather than ignored (the Trainer's own arguments, ``work_dir``, ``seed``, ... pass)."""
+    import inspect
+
+    from ..trainer import Trainer
+    known = set(inspect.signature(Trainer.__init__).parameters) - {'self', 'mmcv_keys'}
+    unknown = sorted(name for name in args if name not in known)
+    if unknown:
+        raise ConfigError(f'ModelScope build_trainer arguments not supported: {", ".join(unknown)} '
+                          f'(supported besides cfg_file: model, train_dataset, eval_dataset, data_collator, '
+                          f'optimizers, callbacks, cfg_modify_fn, cfg_options, {", ".join(_MS_ARGUMENTS)}, '
+                          "and the Trainer's arguments such as work_dir, seed, max_epochs, device, launcher)")

@@ -175,6 +175,13 @@ STANDARD = {
 }
 
 
+# ModelScope's ``task_default_metrics`` (used when ``evaluation.metrics`` is absent), for the
+# tasks whose metric is among the standard names above.
+TASK_METRICS = {task: ['seq-cls-metric'] for task in ('text-classification', 'sentence-similarity', 'nli',
+                                                     'sentiment-classification')}
+TASK_METRICS.update({task: ['accuracy'] for task in ('image-captioning', 'visual-question-answering')})
+
+
 def is_modelscope_metric(obj):
     return hasattr(obj, 'add') and hasattr(obj, 'evaluate') and not hasattr(obj, 'update')
 
