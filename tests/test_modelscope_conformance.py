@@ -314,3 +314,12 @@ def test_resume_continues_the_delayed_schedule_exactly(tmp_path):
     tail = [r['lr'] for r in records(str(resumed)) if r['mode'] == 'train']
     assert tail == pytest.approx(lrs[10:]) and len(tail) == 10
     assert all(torch.equal(a, b) for a, b in zip(whole.model.state_dict().values(), again.model.state_dict().values()))
+
+
+def test_hooks_command_shows_a_configurations_hooks(tmp_path, capsys):
+    configuration = json.loads(json.dumps(BASE))
+    configuration['train']['checkpoint'] = {'period': {'interval': 1}}
+    assert main(['hooks', write(tmp_path, configuration)]) == 0
+    table = capsys.readouterr().out
+    assert 'ModelScopeCheckpointHook' in table and 'ModelScopeTextLoggerHook' in table
+    assert not os.path.exists(tmp_path / 'work')
