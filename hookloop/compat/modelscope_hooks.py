@@ -10,8 +10,9 @@ ModelScope configuration (the native API keeps hookloop's names):
   tensors only: it loads with ``torch.load(weights_only=True)``) and ``eval_result.txt`` (the
   latest metrics, JSON).
 * :class:`ModelScopeTextLoggerHook` — the JSON-lines log with ModelScope's keys:
-  ``iter_time`` / ``data_load_time`` for ``time`` / ``data_time`` and ``mode: 'eval'`` for
-  validation records (the terminal line keeps hookloop's format).
+  ``iter_time`` / ``data_load_time`` for ``time`` / ``data_time``, ``mode: 'eval'`` for
+  validation records and, by epoch, ``iter`` counted within the epoch (the terminal line keeps
+  hookloop's format).
 * :class:`ModelScopeTensorboardHook` — event files in ``<work_dir>/tensorboard_output``,
   scalars tagged with the bare key (``loss``, ``lr``, ``accuracy``), timing keys left out.
 """
@@ -37,11 +38,15 @@ MODEL_FILE = 'pytorch_model.bin'
 EVAL_RESULT_FILE = 'eval_result.txt'
 
 
-def modelscope_record(record):
-    """A log record with ModelScope's names."""
+def modelscope_record(record, iters_per_epoch=None):
+    """A log record with ModelScope's names. With ``iters_per_epoch`` (a by-epoch log) ``iter``
+    counts within the epoch, as ModelScope's text log does."""
     named = {RECORD_KEYS.get(k, k): v for k, v in record.items()}
     if named.get('mode') == 'val':
         named['mode'] = 'eval'
+    if iters_per_epoch:
+        inner = named.pop('inner_iter', None)
+        named['iter'] = inner if inner is not None else named['iter'] - (named['epoch'] - 1) * iters_per_epoch
     return named
 
 
@@ -136,10 +141,19 @@ class ModelScopeCheckpointHook(CheckpointHook):
 
 @HOOKS.register_module()
 class ModelScopeTextLoggerHook(TextLoggerHook):
-    """``TextLoggerHook`` whose JSON-lines log uses ModelScope's keys and ``'eval'`` mode."""
+    """``TextLoggerHook`` whose JSON-lines log uses ModelScope's keys, ``'eval'`` mode and, by
+    epoch, ``iter`` counted within the epoch."""
+
+    _iters_per_epoch = None
+
+    def log(self, trainer, record):
+        self._iters_per_epoch = trainer.iters_per_epoch if self.by_epoch else None
+        super().log(trainer, record)
 
     def _write_json(self, record):
-        super()._write_json(modelscope_record(record))
+        if 'mode' in record:
+            record = modelscope_record(record, self._iters_per_epoch)
+        super()._write_json(record)
 
 
 @HOOKS.register_module()
