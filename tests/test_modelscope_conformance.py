@@ -325,3 +325,19 @@ def test_hooks_command_shows_a_configurations_hooks(tmp_path, capsys):
     table = capsys.readouterr().out
     assert 'ModelScopeCheckpointHook' in table and 'ModelScopeTextLoggerHook' in table
     assert not os.path.exists(tmp_path / 'work')
+
+
+def test_a_work_dir_argument_replaces_the_files_save_dir(tmp_path):
+    configuration = json.loads(json.dumps(BASE))
+    configuration['train']['checkpoint'] = {'period': {'interval': 1, 'save_dir': str(tmp_path / 'elsewhere')}}
+    run(tmp_path, write(tmp_path, configuration, max_epochs=1), work_dir=str(tmp_path / 'mine'))
+    assert os.path.exists(tmp_path / 'mine' / 'epoch_1.pth') and not os.path.exists(tmp_path / 'elsewhere')
+    assert os.path.exists(tmp_path / 'mine' / 'output' / 'pytorch_model.bin')
+
+
+def test_save_dir_holds_the_checkpoints_and_its_output_folder(tmp_path):
+    configuration = json.loads(json.dumps(BASE))
+    save_dir = tmp_path / 'work' / 'ckpts'
+    configuration['train']['checkpoint'] = {'period': {'interval': 1, 'save_dir': str(save_dir)}}
+    run(tmp_path, write(tmp_path, configuration, max_epochs=1))
+    assert os.path.exists(save_dir / 'epoch_1.pth') and os.path.exists(save_dir / 'output' / 'pytorch_model.bin')

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from ..config import Config, load_config
 from ..errors import ConfigError
-from .modelscope_train import checkpoint_args, evaluation_hook, logger_hook, merged_hooks
+from .modelscope_train import checkpoint_args, evaluation_hook, follow_work_dir, logger_hook, merged_hooks
 
 _SECTIONS = ('framework', 'task', 'pipeline', 'preprocessor', 'model', 'dataset', 'train', 'evaluation')
 _LOADER_KEYS = {'batch_size_per_gpu': 'batch_size', 'workers_per_gpu': 'num_workers', 'shuffle': 'shuffle',
@@ -67,6 +67,8 @@ def translate(cfg, configuration=None, extras=None):
     if unsupported:
         raise ConfigError('ModelScope configuration: not supported: ' + '; '.join(unsupported))
     problems = []
+    if cfg.get('work_dir') is not None:
+        follow_work_dir(ms)
     hooks = merged_hooks(ms, problems)  # ModelScope's defaults and current sections
     train = dict(ms.get('train') or {})
     train.pop('hooks', None)
@@ -286,6 +288,8 @@ def trainer_args(default_args):
             datasets[split] = args[name]
         args.pop(name, None)
     cfg['dataset'] = datasets
+    if args.get('work_dir') is not None:
+        cfg['work_dir'] = args.pop('work_dir')
     given = {name: args.pop(name) for name in _MS_ARGUMENTS if name in args}
     if given.get('train_iters_per_epoch') is not None:
         cfg.setdefault('train', {})['train_iters_per_epoch'] = given['train_iters_per_epoch']

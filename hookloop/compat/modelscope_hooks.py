@@ -27,6 +27,7 @@ from .. import storage
 from ..best_checkpoint import BestCheckpoint
 from ..checkpoint import atomic_write
 from ..errors import ConfigError
+from ..fsdp import is_sharded_model
 from ..hooks.checkpoint import CheckpointHook
 from ..hooks.loggers.tensorboard import TensorboardLoggerHook
 from ..hooks.loggers.text import TextLoggerHook
@@ -128,6 +129,12 @@ class ModelScopeCheckpointHook(CheckpointHook):
 
     def _export(self, trainer, folder):
         if trainer.rank != 0:
+            return
+        if is_sharded_model(trainer.wrapped_model):  # the weights are spread over the ranks
+            if not getattr(self, '_warned_sharded', False):
+                trainer.logger.warning('ModelScope %s/%s is not written for a sharded (FSDP) model; '
+                                       'the checkpoints hold the weights', folder, MODEL_FILE)
+                self._warned_sharded = True
             return
         folder = storage.join(trainer.storage_dir, folder)
         storage.makedirs(folder)

@@ -8,6 +8,8 @@ own values; missing ones come from the default), and reads the current sections
 ``train.logging`` (TextLoggerHook) and ``evaluation.period`` (EvaluationHook), whose values
 win over those of the same hook in ``train.hooks``.
 """
+import os
+
 from ..errors import ConfigError
 
 DEFAULT_HOOKS = (('CheckpointHook', {'interval': 1}), ('TextLoggerHook', {'interval': 10}), ('IterTimerHook', {}))
@@ -32,6 +34,18 @@ def _pop_section(ms, chain):
         parent.pop(chain[-1], None)
         if chain[:2] == ('train', 'checkpoint') and not parent:
             ms['train'].pop('checkpoint', None)
+
+
+def follow_work_dir(ms):
+    """A work dir given to the trainer (``work_dir=`` / ``--work-dir``) replaces the
+    directories the file names for checkpoints and logs, as ModelScope does."""
+    train = ms.get('train') or {}
+    hooks = [h for h in train.get('hooks') or [] if isinstance(h, dict)]
+    for kind, chain in SECTIONS[:3]:
+        section = _section(ms, chain)
+        key = 'out_dir' if kind == 'TextLoggerHook' else 'save_dir'
+        for hook in [h for h in hooks if h.get('type') == kind] + ([section] if isinstance(section, dict) else []):
+            hook.pop(key, None)
 
 
 def merged_hooks(ms, problems):
@@ -81,12 +95,14 @@ def _by_epoch(hook, default=True):
     return {'by_epoch': True, 'by_step': False, 'no': None}[strategy]
 
 
-def _output_dir(hook, default):
+def _output_dir(hook, default, save_dir=None):
+    """ModelScope's inference folder: ``output_dir``, else ``<save_dir>/<output_sub_dir or default>``."""
     sub = hook.pop('output_sub_dir', None)
     out = hook.pop('output_dir', None)
     if out is not None:
         return out
-    return sub if sub is not None else default
+    sub = sub if sub is not None else default
+    return os.path.join(save_dir, sub) if save_dir else sub
 
 
 def _refuse_hub(hook, kind, problems):
@@ -110,10 +126,10 @@ def checkpoint_args(hooks, problems):
         if by_epoch is None:  # save_strategy='no'
             interval, save_last, by_epoch = -1, False, True
         out.update(interval=-1 if interval == 0 else interval, by_epoch=by_epoch, save_last=save_last)
-        if hook.get('save_dir') is not None:
-            out['out_dir'] = hook.pop('save_dir')
-        hook.pop('save_dir', None)
-        out['output_dir'] = _output_dir(hook, 'output')
+        save_dir = hook.pop('save_dir', None)
+        if save_dir is not None:
+            out['out_dir'] = save_dir
+        out['output_dir'] = _output_dir(hook, 'output', save_dir)
         if hook.get('max_checkpoint_num') is not None:
             out['max_keep_ckpts'] = max(int(hook.pop('max_checkpoint_num')), 1)
         hook.pop('max_checkpoint_num', None)
@@ -126,8 +142,12 @@ def checkpoint_args(hooks, problems):
     if best is not None:
         hook = {k: v for k, v in best.items() if k != 'type'}
         _refuse_hub(hook, 'BestCkptSaverHook', problems)
-        for key in ('interval', 'save_strategy', 'by_epoch', 'save_trainer_state', 'save_dir'):
+        for key in ('interval', 'save_strategy', 'by_epoch', 'save_trainer_state'):
             hook.pop(key, None)  # ModelScope ignores them: the best follows the evaluation
+        best_dir = hook.pop('save_dir', None)
+        if best_dir is not None and best_dir != out.get('out_dir'):
+            problems.append(f'BestCkptSaverHook save_dir {best_dir!r} differs from the CheckpointHook\'s '
+                            f'{out.get("out_dir")!r} (hookloop saves both in one directory)')
         if 'metric_key' not in hook:
             problems.append('BestCkptSaverHook needs a metric_key')
         if hook.pop('restore_best', False):
@@ -142,7 +162,7 @@ def checkpoint_args(hooks, problems):
         if hook.pop('save_best', True) and 'metric_key' in hook:
             out.update(save_best=hook.pop('metric_key'), rule={'max': 'greater', 'min': 'less'}.get(rule))
         hook.pop('metric_key', None)
-        out['best_output_dir'] = _output_dir(hook, 'output_best')
+        out['best_output_dir'] = _output_dir(hook, 'output_best', best_dir)
         if hook.get('save_file_name') is not None:
             out['save_file_name'] = hook.pop('save_file_name')
         hook.pop('save_file_name', None)
@@ -168,4 +188,4 @@ def evaluation_hook(hook):
     return hook
 
 
-__all__ = ['merged_hooks', 'checkpoint_args', 'logger_hook', 'evaluation_hook']
+__all__ = ['follow_work_dir', 'merged_hooks', 'checkpoint_args', 'logger_hook', 'evaluation_hook']
