@@ -341,3 +341,25 @@ def test_save_dir_holds_the_checkpoints_and_its_output_folder(tmp_path):
     configuration['train']['checkpoint'] = {'period': {'interval': 1, 'save_dir': str(save_dir)}}
     run(tmp_path, write(tmp_path, configuration, max_epochs=1))
     assert os.path.exists(save_dir / 'epoch_1.pth') and os.path.exists(save_dir / 'output' / 'pytorch_model.bin')
+
+
+def test_standard_metrics_compute_modelscopes_values():
+    from hookloop.compat.modelscope_metrics import metric
+    labels = torch.tensor([0, 0, 1, 1, 2])
+    predicted = torch.tensor([0, 1, 1, 1, 0])
+    logits = torch.nn.functional.one_hot(predicted, 3).float()
+    accuracy = metric('accuracy')  # ModelScope's AccuracyMetric reads predicted labels from outputs['labels']
+    accuracy.reset()
+    accuracy.update({'labels': predicted}, {'labels': labels})
+    assert accuracy.compute() == {'accuracy': 3 / 5}
+    scores = {}
+    for name in ('precision', 'recall', 'f1'):
+        evaluator = metric(name)
+        evaluator.reset()
+        evaluator.update({'logits': logits[:2]}, {'labels': labels[:2]})
+        evaluator.update({'logits': logits[2:]}, {'labels': labels[2:]})
+        scores.update(evaluator.compute())
+    # per class (0, 1, 2): precision 1/2, 2/3, 0; recall 1/2, 1, 0 (macro means)
+    assert scores['precision'] == pytest.approx((1 / 2 + 2 / 3) / 3)
+    assert scores['recall'] == pytest.approx((1 / 2 + 1) / 3)
+    assert scores['f1'] == pytest.approx((1 / 2 + 0.8) / 3)
