@@ -363,3 +363,13 @@ def test_standard_metrics_compute_modelscopes_values():
     assert scores['precision'] == pytest.approx((1 / 2 + 2 / 3) / 3)
     assert scores['recall'] == pytest.approx((1 / 2 + 1) / 3)
     assert scores['f1'] == pytest.approx((1 / 2 + 0.8) / 3)
+
+
+def test_load_checkpoint_hook_continues_a_run_and_ddp_hook_names_the_launcher(tmp_path):
+    first = run(tmp_path, write(tmp_path, max_epochs=1))
+    configuration = json.loads(json.dumps(BASE))
+    configuration['train']['hooks'] = [
+        {'type': 'LoadCheckpointHook', 'checkpoint_file': str(tmp_path / 'work' / 'epoch_1.pth')},
+        {'type': 'DDPHook', 'launcher': 'none'}, {'type': 'EvaluationHook'}]
+    second = run(tmp_path, write(tmp_path, configuration, max_epochs=2), work_dir=str(tmp_path / 'next'))
+    assert first.iter == 10 and second.iter == 20 and second.resumed_from is not None

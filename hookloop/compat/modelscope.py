@@ -145,6 +145,13 @@ def _train_section(train, hooks, out, problems, configuration):
             evaluation = evaluation_hook(hook)
         elif kind == 'LrSchedulerHook':
             lr_hook.update(hook)
+        elif kind == 'DDPHook':  # hookloop joins torchrun itself: the hook's launcher is the Trainer's
+            out['launcher'] = hook.pop('launcher', 'pytorch')
+        elif kind == 'LoadCheckpointHook':  # load_all_state: continue the run; else weights only
+            hook.pop('strict', None)  # hookloop loads a checkpoint's weights strictly
+            out['resume_from' if hook.pop('load_all_state', True) else 'load_from'] = hook.pop('checkpoint_file', None)
+            if hook:
+                problems.append(f'LoadCheckpointHook got arguments hookloop does not know: {sorted(hook)}')
         elif kind in ('OptimizerHook', 'TorchAMPOptimizerHook'):
             if kind == 'TorchAMPOptimizerHook':
                 optimizer_config['precision'] = 'fp16'
