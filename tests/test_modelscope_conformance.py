@@ -71,9 +71,14 @@ def test_build_trainer_with_datasets_keeps_the_files_loader_options(tmp_path):
         assert trainer.iters_per_epoch == 10  # 40 samples, train.dataloader.batch_size_per_gpu=4
         assert next(iter(trainer.train_dataloader))['labels'].shape == (4,)
         assert next(iter(trainer.val_dataloader))['labels'].shape == (8,)  # evaluation.dataloader
-        assert trainer.train_dataloader.dataset is not None
     finally:
         trainer.close()
+    both = build_trainer('EpochBasedTrainer', default_args=dict(  # a list of datasets is concatenated
+        cfg_file=write(tmp_path), train_dataset=[train_set, train_set], seed=0, device='cpu'))
+    try:
+        assert both.iters_per_epoch == 20
+    finally:
+        both.close()
 
 
 # -- 13: use_fp16, train_iters_per_epoch, val_iters_per_epoch --------------------------------

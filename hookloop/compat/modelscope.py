@@ -292,7 +292,11 @@ def trainer_args(default_args):
     datasets = dict(cfg.get('dataset') or {})
     for split, name in (('train', 'train_dataset'), ('val', 'eval_dataset')):
         if args.get(name) is not None:  # given objects replace the file's datasets, its loader options stay
-            datasets[split] = args[name]
+            given = args[name]
+            if isinstance(given, (list, tuple)):  # ModelScope concatenates a list of datasets
+                from torch.utils.data import ConcatDataset
+                given = ConcatDataset(list(given))
+            datasets[split] = given
         args.pop(name, None)
     cfg['dataset'] = datasets
     if args.get('work_dir') is not None:
