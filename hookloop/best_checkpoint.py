@@ -115,7 +115,7 @@ class BestCheckpoint:
             return False
         previous = self.path
         self.score, self.metric = score, key
-        self.path = storage.join(directory, f'best_{key}_{filename}')
+        self.path = storage.join(directory, self.file_name(key, score, filename))
         new = self.path
 
         def on_disk():  # the previous best goes only once the new one is on disk (async saves)
@@ -127,6 +127,10 @@ class BestCheckpoint:
         write(self.path, on_disk)
         trainer.logger.info('new best %s = %.6g: saved %s', key, score, self.path)
         return True
+
+    def file_name(self, key, score, filename):
+        """The best file's name when ``key`` reached ``score`` at ``filename`` (``epoch_3.pth``)."""
+        return f'best_{key}_{filename}'
 
     def _key(self, metrics):
         if self.save_best == 'auto':

@@ -42,6 +42,9 @@ def hooks_of_config(path, cfg_options=None):
     from .trainer import Trainer
     cfg = load_with_options(path, cfg_options)
     cfg.pop('trainer', None)
+    from .compat import modelscope
+    if modelscope.looks_like_modelscope(cfg):  # a configuration.json: its hooks under hookloop's names
+        cfg = modelscope.translate(cfg)
     if needs_translation(cfg):  # MMCV 1.x keys (runner=, data=, fp16=, ...): the names a Trainer takes
         cfg, _ = translate(cfg, Trainer, build_data=False)
     imports = cfg.get('custom_imports') or []

@@ -6,6 +6,7 @@ hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
 """
 import contextlib
 import importlib
+import itertools
 import math
 import os
 import random
@@ -124,6 +125,8 @@ class Trainer(MMCVRunnerAttributes):
         compile: ``True`` or a dict of ``torch.compile`` options (``mode``, ``fullgraph``,
             ``dynamic``, ``backend``, ``options``): the training and validation steps call the
             compiled model; checkpoints keep the plain module's keys (``hookloop/compile.py``).
+        val_iters: run at most this many batches in each validation (ModelScope's
+            ``val_iters_per_epoch``); ``None``: the whole val loader.
         device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
             on a side stream) while the current step runs (``hookloop/prefetch.py``); no effect
             on the CPU.
@@ -138,7 +141,7 @@ class Trainer(MMCVRunnerAttributes):
                  resume_from=None, auto_resume=False, load_from=None, custom_imports=None, cfg=None,
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
-                 resume_policy=None, compile=None, device_prefetch=True, **mmcv_keys):
+                 resume_policy=None, compile=None, device_prefetch=True, val_iters=None, **mmcv_keys):
         arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
         arguments.update(mmcv_keys)
         from .compat.mmcv_config import needs_translation, translate
@@ -161,6 +164,7 @@ class Trainer(MMCVRunnerAttributes):
         self.max_epochs = _positive_int('max_epochs', max_epochs)
         self.max_iters = _positive_int('max_iters', max_iters)
         self._given_iters_per_epoch = _positive_int('iters_per_epoch', iters_per_epoch)
+        self.val_iters = _positive_int('val_iters', val_iters)
         if train_dataloader is not None and (max_epochs is None) == (max_iters is None):
             raise ConfigError('give exactly one of max_epochs and max_iters '
                               f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
@@ -709,7 +713,9 @@ class Trainer(MMCVRunnerAttributes):
         remaining = real_samples(self.val_dataloader)
         self.val_iter = 0  # validation iterations completed, as iter counts training ones
         with torch.no_grad():
-            for batch in self.val_dataloader:
+            batches = self.val_dataloader if self.val_iters is None else itertools.islice(self.val_dataloader,
+                                                                                         self.val_iters)
+            for batch in batches:
                 self.data_batch = batch = self.to_device(batch)
                 self._call_each(before_iter, 'before_val_iter')
                 with self.step.val_forward_context():

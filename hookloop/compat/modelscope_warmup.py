@@ -56,3 +56,32 @@ class WarmupScheduler(torch.optim.lr_scheduler.LRScheduler):
     def load_state_dict(self, state):
         self.last_epoch, self.regular = state['last_epoch'], list(state['regular'])
         self.base.load_state_dict(state['base'])
+
+
+class AccumulationDelay(torch.optim.lr_scheduler.LRScheduler):
+    """ModelScope's per-iteration stepping with gradient accumulation: its ``LrSchedulerHook``
+    steps after iteration ``i`` only once ``i >= cumulative_iters - 1``, so the first
+    ``cumulative_iters - 1`` steps of ``scheduler`` are left out and the schedule runs that
+    many iterations behind one stepped every iteration."""
+
+    def __init__(self, scheduler, cumulative_iters):
+        if isinstance(cumulative_iters, bool) or not isinstance(cumulative_iters, int) or cumulative_iters < 1:
+            raise ConfigError(f'cumulative_iters must be an int >= 1, got {cumulative_iters!r}')
+        self.inner, self.skip = scheduler, cumulative_iters - 1
+        super().__init__(scheduler.optimizer)
+
+    def step(self, epoch=None):
+        self.last_epoch += 1
+        if self.last_epoch > self.skip:  # call k comes after iteration k - 1
+            self.inner.step()
+        self._last_lr = [group['lr'] for group in self.optimizer.param_groups]
+
+    def get_lr(self):
+        return [group['lr'] for group in self.optimizer.param_groups]
+
+    def state_dict(self):
+        return {'last_epoch': self.last_epoch, 'inner': self.inner.state_dict()}
+
+    def load_state_dict(self, state):
+        self.last_epoch = state['last_epoch']
+        self.inner.load_state_dict(state['inner'])
