@@ -11,7 +11,7 @@ import re
 
 from . import storage
 
-from .checkpoint import CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, load_checkpoint, read_pointer
+from .checkpoint import CHECKSUM_SUFFIXES, POINTER_NAME, TMP_SUFFIX, load_checkpoint, read_pointer
 from .errors import CheckpointError
 from .fsdp import is_sharded_checkpoint, verify_sharded
 
@@ -44,7 +44,7 @@ def checkpoints_in(directories):
             continue
         for name in sorted(storage.listdir(directory)):
             path = storage.join(directory, name)
-            if name.startswith('.') or name.endswith((TMP_SUFFIX, CHECKSUM_SUFFIX)) or name == POINTER_NAME:
+            if name.startswith('.') or name.endswith((TMP_SUFFIX,) + CHECKSUM_SUFFIXES) or name == POINTER_NAME:
                 continue
             if storage.is_url(path):  # sharded checkpoints are local-only
                 if name.endswith('.pth') and storage.isfile(path):
