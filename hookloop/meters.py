@@ -181,7 +181,10 @@ class MeterBuffer:
             else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
                 result[key] = _stats(list(map(float, values)))
         for items in pending.values():
-            numbers = torch.cat([stacked for _, stacked in items]).tolist()  # the one host copy
+            if len(items) == 1:
+                numbers = items[0][1].tolist()
+            else:
+                numbers = torch.cat([stacked for _, stacked in items]).tolist()  # the one host copy
             start = 0
             for key, stacked in items:
                 result[key] = _stats(numbers[start:start + len(stacked)])

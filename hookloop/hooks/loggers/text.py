@@ -5,6 +5,7 @@ import os
 import shutil
 import time
 
+from ...log import info_line
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir
 
@@ -14,9 +15,12 @@ def json_log_path(trainer):
     return os.path.join(trainer.work_dir, f'{trainer.timestamp}.log.json')
 
 
+_JSON = json.JSONEncoder(default=float)  # what json.dumps(record, default=float) builds at every call
+
+
 def append_json(path, record):
     with open(path, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(record, default=float) + '\n')
+        f.write(_JSON.encode(record) + '\n')
 
 
 @HOOKS.register_module()
@@ -76,11 +80,11 @@ class TextLoggerHook(LoggerHook):
             items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
             where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
             line = f'{where}  {items}'
-        trainer.logger.info(line)
+        info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
         self._write_json(record)
 
     def _write_json(self, record):
-        self._json_file.write(json.dumps(record, default=float) + '\n')
+        self._json_file.write(_JSON.encode(record) + '\n')
 
     def run_summary(self, trainer):
         return {'json log': os.path.relpath(self.json_path, trainer.work_dir)} if self.json_path else {}
