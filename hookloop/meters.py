@@ -203,7 +203,10 @@ def _stack_scalars(values):
     """One float tensor of the one-element tensors ``values`` (on one device), or None when
     they are not all that."""
     try:
-        return torch.stack(values).float().reshape(len(values))  # the usual case: same shapes
+        stacked = torch.stack(values)  # the usual case: same shapes
+        if stacked.dtype is not torch.float32:  # (each tensor method is a dispatcher call: only when needed)
+            stacked = stacked.float()
+        return stacked if stacked.dim() == 1 else stacked.reshape(len(values))
     except (TypeError, RuntimeError):
         if all(isinstance(v, torch.Tensor) for v in values):
             return torch.stack([v.float().reshape(()) for v in values])  # [] and [1] mixed

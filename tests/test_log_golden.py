@@ -34,6 +34,16 @@ class ExtraMeters(Hook):
         trainer.meters.update('count', trainer.iter % 4)
 
 
+class DtypeMeters(Hook):
+    """Tensor meters of other dtypes and shapes (the summary turns them into float32 first)."""
+
+    def after_train_iter(self, trainer):
+        trainer.meters.update('f64', torch.tensor(1 / 3 + trainer.iter, dtype=torch.float64))
+        trainer.meters.update('i64', torch.tensor(trainer.iter * 7))
+        trainer.meters.update('bf16', torch.tensor(0.1 * trainer.iter, dtype=torch.bfloat16))
+        trainer.meters.update('shaped', torch.tensor([2.5 + trainer.iter]))
+
+
 class Capture(logging.Handler):
     """A user's handler on the run's logger: it must keep getting every record."""
 
@@ -56,6 +66,8 @@ SCENARIOS = {
     # fp16 on the CPU (loss_scale), accumulation, extra meters of every type
     'fp16_accum': dict(hooks=[dict(type='TextLoggerHook')], interval=2,
                        optimizer_config=dict(precision='fp16', cumulative_iters=2), custom_hooks=[ExtraMeters()]),
+    # tensor meters of several dtypes, by global iterations
+    'dtypes': dict(hooks=[dict(type='TextLoggerHook', by_epoch=False)], interval=3, custom_hooks=[DtypeMeters()]),
     # a static loss scale (MMCV's Fp16OptimizerHook) and a logger interval of 1
     'fp16_static': dict(hooks=[dict(type='TextLoggerHook', interval=1)], interval=1, max_epochs=1,
                         optimizer_config=dict(type='Fp16OptimizerHook', loss_scale=512.)),

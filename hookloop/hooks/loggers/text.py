@@ -101,21 +101,19 @@ class TextLoggerHook(LoggerHook):
 
     def _format_train(self, trainer, record):
         if self.by_epoch:
-            head = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]'
+            head = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]\t'
         else:
-            head = f'Iter [{record["iter"]}/{trainer.max_iters}]'
-        parts = []
-        if 'lr' in record:
-            parts.append(f'lr: {record["lr"]:.3e}')
+            head = f'Iter [{record["iter"]}/{trainer.max_iters}]\t'
+        parts = [f'lr: {record["lr"]:.3e}'] if 'lr' in record else []
         parts.append(f'eta: {datetime.timedelta(seconds=int(self.eta_seconds(trainer, record)))}')
-        for key in ('time', 'data_time'):
-            if key in record:
-                parts.append(f'{key}: {record[key]:.3f}')
+        if 'time' in record:
+            parts.append(f'time: {record["time"]:.3f}')
+        if 'data_time' in record:
+            parts.append(f'data_time: {record["data_time"]:.3f}')
         if 'memory' in record:
             parts.append(f'memory: {record["memory"]}')
-        skip = {'mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'}
-        parts += [f'{k}: {_fmt(v)}' for k, v in record.items() if k not in skip]
-        return f'{head}\t' + ', '.join(parts)
+        parts += [f'{k}: {_fmt(v)}' for k, v in record.items() if k not in _NOT_METRICS]
+        return head + ', '.join(parts)
 
     def close(self, trainer):
         if self._json_file is not None:
@@ -132,6 +130,9 @@ class TextLoggerHook(LoggerHook):
                 if not self.keep_local and not name.endswith('.log'):  # the open .log stays
                     os.remove(os.path.join(trainer.work_dir, name))
         trainer.logger.info('copied the logs to %s', target)
+
+
+_NOT_METRICS = frozenset(('mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'))
 
 
 def _fmt(value):
