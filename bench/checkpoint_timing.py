@@ -3,6 +3,13 @@ point with synchronous and asynchronous (``async_save=True``) saves, and the tim
 the middle of a 10,000-batch epoch versus at its start.
 
     PYTHONPATH=. python bench/checkpoint_timing.py [--repeats 3] [--device cpu|cuda] [--saves 5]
+    PYTHONPATH=. python bench/checkpoint_timing.py --integrity 10,100,1000 [--repeats 5]
+
+``--integrity SIZES`` prints only the integrity table: for checkpoints of SIZES MB (8 tensors),
+hookloop's save (temporary file, checksum, fsync, rename) against ``torch.save`` + fsync,
+and the verified load (``load_checkpoint``) against ``torch.load(weights_only=True)``, each
+the median of ``--repeats`` interleaved runs (the file stays in the page cache: the figures are
+the CPU's work, not the disk's).
 
 Prints a table (median of ``--repeats`` runs). The stall is how much longer an iteration with
 a save point takes than a normal one (median over ``--saves`` saves in one process, the
@@ -56,6 +63,38 @@ class StopAtFirstIteration(Hook):
     def before_train_iter(self, trainer):
         self.reached = time.perf_counter()
         trainer.request_stop('benchmark')
+
+
+def time_integrity(size_mb, repeats, directory):
+    """Median seconds of (hookloop save, torch.save + fsync, verified load, torch.load)."""
+    try:
+        from hookloop.hashing import default_algorithm
+    except ImportError:  # before issue 26: SHA-256, in a separate read
+        default_algorithm = lambda: 'sha256'  # noqa: E731
+    generator = torch.Generator().manual_seed(0)
+    state = {'meta': {'iter': 0}, 'state_dict': {f'layer{i}.weight': torch.randn(size_mb * 2 ** 15, generator=generator)
+                                                 for i in range(8)}}  # 8 x size_mb / 8 MB of float32
+    path, plain_path = os.path.join(directory, 'integrity.pth'), os.path.join(directory, 'plain.pth')
+    times = {'save': [], 'torch_save': [], 'load': [], 'torch_load': []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        save_checkpoint(state, path)
+        times['save'].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with open(plain_path, 'wb') as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        times['torch_save'].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        load_checkpoint(path)
+        times['load'].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        torch.load(plain_path, weights_only=True)
+        times['torch_load'].append(time.perf_counter() - start)
+    algorithm = default_algorithm()
+    os.remove(plain_path)
+    return os.path.getsize(path) / 2 ** 20, algorithm, {k: statistics.median(v) for k, v in times.items()}
 
 
 def time_save_load(size_mb, device, repeats, directory):
@@ -193,7 +232,18 @@ def main():
     parser.add_argument('--save-interval', type=int, default=2000,
                         help='iterations between saves (training between saves must outlast a write)')
     parser.add_argument('--stall-only', action='store_true', help='only the sync vs async stall figures')
+    parser.add_argument('--integrity', default='', help='comma-separated sizes in MB: only the integrity table')
     args = parser.parse_args()
+    if args.integrity:
+        print(f'load average {os.getloadavg()[0]:.1f}; median of {args.repeats}')
+        print(f'{"MB":>6} {"hash":>6} {"save s":>8} {"torch.save+fsync":>16} {"ratio":>6} '
+              f'{"verified load s":>15} {"torch.load":>10} {"ratio":>6}')
+        for size in map(int, args.integrity.split(',')):
+            with tempfile.TemporaryDirectory(dir=os.environ.get('BENCH_DIR')) as directory:
+                mb, algorithm, t = time_integrity(size, args.repeats, directory)
+            print(f'{mb:6.0f} {algorithm:>6} {t["save"]:8.3f} {t["torch_save"]:16.3f} {t["save"] / t["torch_save"]:6.2f} '
+                  f'{t["load"]:15.3f} {t["torch_load"]:10.3f} {t["load"] / t["torch_load"]:6.2f}', flush=True)
+        return
     with tempfile.TemporaryDirectory(dir=os.environ.get('BENCH_DIR')) as directory:
         stalls = {}
         for async_save in (False, True):

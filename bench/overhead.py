@@ -8,8 +8,9 @@ Each mode pairs a hookloop configuration with the plain loop that does the same 
     skip      + CheckInvalidLossHook(on_invalid='skip')      vs  the default plain loop (the check's cost)
     rollback  + CheckInvalidLossHook(on_invalid='rollback')  vs  the default plain loop
     logging   text + TensorBoard logging every 10 iterations vs  the default plain loop
-    default50, accum2_50, tensorboard50: as default / accum2 / logging, with the text log every 50
-              iterations and a checkpoint per epoch (the set-up the per-iteration budget is set for)
+              (``tensorboard`` is the same mode)
+    default50, accum2_50, tensorboard50, fp16_50: as default / accum2 / logging / fp16, with the text
+              log every 50 iterations and a checkpoint per epoch
 
 Models: ``tiny`` = Linear(32,32)-ReLU-Linear(32,1), batch 32 (overhead-bound); ``mlp`` =
 4 x Linear(1024,1024)+ReLU, Linear(1024,1), batch 256 (compute-bound). Same data, initial
@@ -22,8 +23,12 @@ the plain loop (its own model, optimizer and loader) right there; it is called o
 (``next_call``). Each iteration of either loop is stamped as its forward starts, by the model
 both loops share, so hookloop carries no timing hook. The gaps right after a switch (cold
 caches) are dropped; ``framework_us`` is the median over ``--rounds`` runs of (median hookloop
-gap - median plain gap), ``framework_mean_us`` the same with mean gaps, which include the log
-events' and checkpoints' share. ``--clock wall`` (default) stamps with ``time.perf_counter``;
+gap - median plain gap): the cost between log events; ``framework_mean_us`` the same with mean
+gaps, which include the log events' and checkpoints' share: what a user's run pays on average;
+``framework_cycle_us`` the mean over a log cycle of the median gap at each of its positions
+(less the plain median): the same mean with the log events' share but not the machine's
+stalls (a 5 ms stall of a shared machine in one gap of 2000 moves a plain mean by 2.5 us).
+``load`` is the machine's 1-minute load average when the mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
 ``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
     python bench/overhead.py                                   # default mode, tiny and mlp
@@ -33,6 +38,7 @@ import argparse
 import functools
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -60,6 +66,8 @@ MODES = {
     'rollback': dict(custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='rollback')]),
     'logging': dict(log_config=dict(interval=10, hooks=[dict(type='TextLoggerHook'),
                                                         dict(type='TensorboardLoggerHook')])),
+    'tensorboard': dict(log_config=dict(interval=10, hooks=[dict(type='TextLoggerHook'),
+                                                            dict(type='TensorboardLoggerHook')])),
     # The issue-15 set-up: text log every 50 iterations and a checkpoint per epoch.
     'default50': dict(log_config=dict(interval=50), checkpoint_config=dict(interval=1)),
     'accum2_50': dict(log_config=dict(interval=50), checkpoint_config=dict(interval=1),
@@ -67,8 +75,10 @@ MODES = {
     'tensorboard50': dict(log_config=dict(interval=50, hooks=[dict(type='TextLoggerHook'),
                                                               dict(type='TensorboardLoggerHook')]),
                           checkpoint_config=dict(interval=1)),
+    'fp16_50': dict(log_config=dict(interval=50), checkpoint_config=dict(interval=1),
+                    optimizer_config=dict(precision='fp16')),
 }
-PLAIN_MODE = {'accum2_50': 'accum2'}  # the plain loop each hookloop mode is compared with (default: its math)
+PLAIN_MODE = {'accum2_50': 'accum2', 'fp16_50': 'fp16'}  # the plain loop each hookloop mode is compared with (default: its math)
 # Iterations timed together: with accumulation every other iteration steps, so single gaps
 # fall in two clusters and their median says little; a window's gap (divided by its size) does.
 PERIOD = {'accum2': 2, 'accum2_50': 2}
@@ -102,7 +112,7 @@ class PlainLoop:
     def __init__(self, mode, model, loader):
         self.mode, self.model, self.loader = PLAIN_MODE.get(mode, mode), model, loader
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        self.scaler = torch.amp.GradScaler('cpu') if mode == 'fp16' else None
+        self.scaler = torch.amp.GradScaler('cpu') if self.mode == 'fp16' else None
         # endless: a new pass of the loader when one ends, with no Python frame per batch
         self.batches, self.index = itertools.chain.from_iterable(itertools.repeat(loader)), 0
         model.train()
@@ -156,18 +166,32 @@ class Interleave(Hook):
         self.model.stamps.append(None)
 
 
-def gaps_us(stamps, skip, period=1):
+def gaps_us(stamps, skip, period=1, phases=None):
     """Per-iteration gaps over ``period`` consecutive iterations, leaving out the first ``skip``
-    after each switch (None)."""
-    gaps, run = [], []
+    after each switch (None). With a list ``phases``, the index of the iteration whose forward
+    ends each gap is appended to it (the loop's n-th forward is iteration n)."""
+    gaps, run, index = [], [], -1
     for stamp in stamps:
         if stamp is None:
             run = []
             continue
+        index += 1
         run.append(stamp)
         if len(run) > skip + period:
             gaps.append((run[-1] - run[-1 - period]) * 1e6 / period)
+            if phases is not None:
+                phases.append(index)
     return gaps
+
+
+def cycle_mean(gaps, indices, cycle):
+    """The mean over one log cycle of the median gap at each position of the cycle: the
+    mean per iteration with the log events' share, robust to a shared machine's stalls
+    (which land in a few gaps and move a plain mean by more than the events do)."""
+    by_phase = {}
+    for gap, index in zip(gaps, indices):
+        by_phase.setdefault(index % cycle, []).append(gap)
+    return statistics.mean(statistics.median(v) for v in by_phase.values())
 
 
 def one_round(mode, build, initial, data, batch, block, skip):
@@ -188,8 +212,11 @@ def one_round(mode, build, initial, data, batch, block, skip):
     trainer.train()
     trainer.close()
     period = PERIOD.get(mode, 1)
-    plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period)
-    return statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked)
+    indices = []
+    plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period, indices)
+    cycle = MODES[mode].get('log_config', {}).get('interval', 10)
+    return (statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked),
+            cycle_mean(hooked, indices, cycle))
 
 
 def run(model_name, mode, rounds, iters, block):
@@ -207,7 +234,9 @@ def run(model_name, mode, rounds, iters, block):
             'clock': clock.__name__, 'plain_us': round(plain_us, 1), 'hookloop_us': round(hook_us, 1),
             'ratio': round(hook_us / plain_us, 4),
             'framework_us': round(statistics.median(r[1] - r[0] for r in results), 1),
-            'framework_mean_us': round(statistics.median(r[3] - r[2] for r in results), 1)}
+            'framework_mean_us': round(statistics.median(r[3] - r[2] for r in results), 1),
+            'framework_cycle_us': round(statistics.median(r[4] - r[0] for r in results), 1),
+            'load': round(os.getloadavg()[0], 1)}
 
 
 def main():
@@ -217,7 +246,10 @@ def main():
     parser.add_argument('--modes', default='default', help=f'comma-separated, from {", ".join(MODES)}')
     parser.add_argument('--rounds', type=int, default=5)
     parser.add_argument('--iters', type=int, default=0, help='iterations per round (default: 2000 tiny, 60 mlp)')
-    parser.add_argument('--block', type=int, default=25, help='iterations of one loop before switching to the other')
+    # 23: prime to the log intervals, so log events fall at every position of a block and the
+    # ones dropped with the gaps after a switch are as few, in proportion, as the other iterations
+    # (with 25 every event of a 50-interval log fell on a switch and the mean never saw one)
+    parser.add_argument('--block', type=int, default=23, help='iterations of one loop before switching to the other')
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--clock', choices=('wall', 'thread'), default='wall')
     args = parser.parse_args()

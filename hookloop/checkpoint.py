@@ -5,7 +5,6 @@ A checkpoint is a dict of tensors and plain containers, so
 """
 import errno
 import glob
-import hashlib
 import io
 import os
 import pickle
@@ -17,12 +16,13 @@ import tempfile
 import numpy as np
 import torch
 
-from . import storage
+from . import hashing, storage
 from .errors import CheckpointError
 
 POINTER_NAME = 'last_checkpoint'
 TMP_SUFFIX = '.tmp'
-CHECKSUM_SUFFIX = '.sha256'
+CHECKSUM_SUFFIX = '.sha256'  # the SHA-256 sidecar (every sidecar before XXH128 came)
+CHECKSUM_SUFFIXES = tuple(hashing.SUFFIXES.values())  # every kind of sidecar (see hookloop.hashing)
 
 
 def _fsync_dir(directory):
@@ -82,26 +82,51 @@ def discard(tmp_path):
         pass
 
 
-def file_checksum(path, chunk=1 << 22):
-    """SHA-256 of a file's bytes, as hex."""
-    digest = hashlib.sha256()
+def file_checksum(path, chunk=1 << 22, algorithm='sha256'):
+    """The digest of a file's bytes (SHA-256 unless ``algorithm`` says otherwise), as hex."""
     with storage.open_read(path) as f:
-        for block in iter(lambda: f.read(chunk), b''):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashing.digest_stream(f, algorithm, chunk)
 
 
-def checksum_path(path):
-    return path + CHECKSUM_SUFFIX
+def checksum_path(path, algorithm=None):
+    """The sidecar of ``path`` for ``algorithm`` (default: the one new checkpoints get,
+    :func:`hookloop.hashing.default_algorithm`): ``<path>.xxh128`` or ``<path>.sha256``."""
+    return path + hashing.SUFFIXES[algorithm or hashing.default_algorithm()]
 
 
-def write_checksum(path, digest):
-    """``<path>.sha256`` in ``sha256sum`` format (``sha256sum -c`` checks it), atomically.
+def find_checksum(path):
+    """``(algorithm, sidecar path)`` of the sidecar beside ``path``, or None when it has none.
+    The current algorithm's sidecar is looked for first."""
+    first = hashing.default_algorithm()
+    for algorithm in [first] + [a for a in hashing.SUFFIXES if a != first]:
+        sidecar = path + hashing.SUFFIXES[algorithm]
+        if storage.isfile(sidecar):
+            return algorithm, sidecar
+    return None
+
+
+def write_checksum(path, digest, algorithm='sha256'):
+    """The sidecar ``checksum_path(path, algorithm)``, ``<hex>  <name>`` as ``sha256sum`` /
+    ``xxh128sum`` write it (``-c`` checks it), atomically.
 
     Written *before* the checkpoint is renamed into place: a kill between the two leaves
     a checksum for a file that is not there yet, never a checkpoint without its checksum."""
-    line = f'{digest}  {storage.basename(path)}\n'.encode()
-    commit(write_temporary(checksum_path(path), lambda f: f.write(line)), checksum_path(path))
+    sidecar = checksum_path(path, algorithm)
+    line = hashing.sidecar_line(digest, storage.basename(path))
+    commit(write_temporary(sidecar, lambda f: f.write(line)), sidecar)
+
+
+def _remove_other_checksums(path, algorithm):
+    """After a save with ``algorithm``: drop the sidecars an earlier file at ``path`` had."""
+    for other, suffix in hashing.SUFFIXES.items():
+        if other != algorithm and storage.isfile(path + suffix):
+            try:
+                if storage.is_url(path):
+                    storage.remove(path + suffix)
+                else:
+                    os.remove(path + suffix)
+            except OSError:
+                pass
 
 
 class DirectorySyncError(CheckpointError):
@@ -141,17 +166,25 @@ def save_checkpoint(checkpoint, path):
     """Write ``checkpoint`` to ``path`` (a local path or a URL): temporary file, fsync,
     checksum sidecar, rename. CheckpointError on I/O failure (the previous file at ``path``
     is kept)."""
+    algorithm, digest = hashing.default_algorithm(), []
+
+    def write(file):  # the checksum is computed as the bytes are written: no second read
+        hashed = hashing.HashingWriter(file, algorithm)
+        torch.save(checkpoint, hashed)
+        digest.append(hashed.hexdigest())
+
     try:
-        tmp_path = write_temporary(path, lambda f: torch.save(checkpoint, f))
+        tmp_path = write_temporary(path, write)
         synced = None
         try:
-            write_checksum(path, file_checksum(tmp_path))
+            write_checksum(path, digest[0], algorithm)
         except DirectorySyncError as exc:  # the new sidecar is in place: the checkpoint must join it
             synced = exc
         except BaseException:
             discard(tmp_path)
             raise
         commit(tmp_path, path)
+        _remove_other_checksums(path, algorithm)
         if synced is not None:
             raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
                                      f'({_reason(synced.__cause__)}): it may not survive a crash of the machine')
@@ -187,7 +220,7 @@ def write_checkpoint(checkpoint, path, pointer_dir=None):
 def remove_checkpoint(path):
     """Delete a checkpoint (a file, or an FSDP directory of shards) and its checksum."""
     if storage.is_url(path):
-        for victim in (path, checksum_path(path)):
+        for victim in (path,) + tuple(path + suffix for suffix in CHECKSUM_SUFFIXES):
             if storage.exists(victim):
                 storage.remove(victim)
         return
@@ -195,24 +228,44 @@ def remove_checkpoint(path):
         shutil.rmtree(path)
     elif os.path.exists(path):
         os.remove(path)
-    if os.path.exists(checksum_path(path)):
-        os.remove(checksum_path(path))
+    for suffix in CHECKSUM_SUFFIXES:
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
 
 
 def verify_checksum(path):
-    """Compare ``path`` with its ``.sha256`` sidecar. Returns False when there is no sidecar
-    (a file hookloop did not write, e.g. a plain ``torch.save``); CheckpointError on a mismatch."""
-    sidecar = checksum_path(path)
-    if not storage.isfile(sidecar):
+    """Compare ``path`` with its sidecar (``.xxh128`` or ``.sha256``). Returns False when there
+    is no sidecar (a file hookloop did not write, e.g. a plain ``torch.save``); CheckpointError
+    on a mismatch. :func:`load_checkpoint` verifies while it reads instead."""
+    expected = _expected_checksum(path)
+    if expected is None:
         return False
-    try:
-        expected = storage.read_bytes(sidecar).split()[0].decode('ascii').lower()  # sha256sum accepts upper case
-    except (OSError, IndexError, UnicodeDecodeError):
-        raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
-    if file_checksum(path) != expected:
-        raise CheckpointError(f'{path!r} is damaged: its SHA-256 does not match {storage.basename(sidecar)} '
-                              '(changed or corrupted after it was written)')
+    algorithm, sidecar, digest = expected
+    _compare(path, sidecar, algorithm, digest, file_checksum(path, algorithm=algorithm))
     return True
+
+
+def _expected_checksum(path):
+    """``(algorithm, sidecar, hex digest)`` from the sidecar of ``path``, None without one."""
+    found = find_checksum(path)
+    if found is None:
+        return None
+    algorithm, sidecar = found
+    try:
+        digest = hashing.parse_sidecar(storage.read_bytes(sidecar))
+    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
+        raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
+    if not hashing.available(algorithm):
+        raise CheckpointError(f'{path!r} has an {hashing.NAMES[algorithm]} checksum ({storage.basename(sidecar)}) '
+                              'and the xxhash package is not installed to check it: pip install xxhash '
+                              '(or load it with verify=False)')
+    return algorithm, sidecar, digest
+
+
+def _compare(path, sidecar, algorithm, expected, actual):
+    if actual != expected:
+        raise CheckpointError(f'{path!r} is damaged: its {hashing.NAMES[algorithm]} does not match '
+                              f'{storage.basename(sidecar)} (changed or corrupted after it was written)')
 
 
 # -- the pointer to the latest checkpoint ---------------------------------------------------
@@ -338,16 +391,37 @@ def load_checkpoint(path, map_location='cpu', verify=True):
     """Load a checkpoint (a local path or a URL) with ``weights_only=True``; anything else
     is a CheckpointError.
 
-    With ``verify`` the file is first compared with its ``.sha256`` sidecar when it has one."""
+    With ``verify`` the file is compared with its sidecar (``.xxh128`` or ``.sha256``) when it
+    has one, in the same read that loads it; a mismatch is a CheckpointError, also when the
+    damage makes the file unloadable."""
     if not storage.exists(path):
         raise CheckpointError(f'checkpoint {path!r} does not exist')
     if storage.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
     if storage.size(path) == 0:
         raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): not a checkpoint')
-    if verify:
-        verify_checksum(path)
-    source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
+    expected = _expected_checksum(path) if verify else None
+    if expected is None:
+        source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
+        return _torch_load(source, path, map_location)
+    algorithm, sidecar, digest = expected
+    if storage.is_url(path):  # one read of the object, hashed in memory
+        data = storage.read_bytes(path)
+        _compare(path, sidecar, algorithm, digest, hashing.digest_bytes(data, algorithm))
+        return _torch_load(io.BytesIO(data), path, map_location)
+    with open(path, 'rb') as file:  # hashed as torch reads it: no second read for the checksum
+        reader = hashing.HashingReader(file, algorithm)
+        try:
+            checkpoint = _torch_load(reader, path, map_location)
+        except CheckpointError:  # a damaged file says it is damaged, as a check before loading would
+            _compare(path, sidecar, algorithm, digest, reader.finish())
+            raise
+        _compare(path, sidecar, algorithm, digest, reader.finish())
+    return checkpoint
+
+
+def _torch_load(source, path, map_location):
+    """``torch.load(source, weights_only=True)``, anything else a CheckpointError naming ``path``."""
     try:
         checkpoint = torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .checkpoint import atomic_write, checksum_path, file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from .checkpoint import atomic_write, file_checksum, load_checkpoint, save_checkpoint, update_pointer
 from . import integrity
 from .dcp_load import check_storage, load_dcp
 from .dcp_metadata import METADATA_FILE, read_dcp_metadata, read_regular_file
@@ -241,9 +241,7 @@ def verify_sharded(path):
     if os.path.islink(meta_file):
         raise CheckpointError(f'{meta_file!r} is a symbolic link: refusing to follow it out of the checkpoint')
     rest = load_checkpoint(meta_file)
-    sidecar = integrity.sidecar_state(checksum_path(meta_file))
-    if sidecar != 'file':
-        integrity.missing(meta_file, f'its {os.path.basename(checksum_path(meta_file))} is {sidecar}')
+    integrity.check_sidecar(meta_file)
     manifest = os.path.join(path, SHARD_CHECKSUMS)
     recorded = rest.get(MANIFEST_DIGEST)
     if integrity.sidecar_state(manifest) != 'file':

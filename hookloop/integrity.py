@@ -53,12 +53,21 @@ def sidecar_state(sidecar):
     return 'a symbolic link' if stat.S_ISLNK(mode) else 'a directory' if stat.S_ISDIR(mode) else 'not a regular file'
 
 
+def check_sidecar(path):
+    """Refuse (or with the switch, warn about) ``path`` when none of its sidecars (``.xxh128``,
+    ``.sha256``) is a regular file."""
+    from .checkpoint import CHECKSUM_SUFFIXES, checksum_path
+    states = {suffix: sidecar_state(path + suffix) for suffix in CHECKSUM_SUFFIXES}
+    if 'file' in states.values():
+        return
+    suffix, state = next(((s, v) for s, v in states.items() if v != 'missing'),
+                         (checksum_path(path)[len(path):], 'missing'))
+    missing(path, f'its {storage.basename(path + suffix)} is {state}')
+
+
 def require_sidecar(path, checkpoint):
-    """Refuse a hookloop file checkpoint (it has a ``meta`` dict) whose ``.sha256`` sidecar is
+    """Refuse a hookloop file checkpoint (it has a ``meta`` dict) whose checksum sidecar is
     missing or not a regular file (called after the load verified a present sidecar)."""
-    from .checkpoint import checksum_path
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get('meta'), dict):
         return  # not a hookloop checkpoint (plain weights): nothing says it had a digest
-    state = sidecar_state(checksum_path(path))
-    if state != 'file':
-        missing(path, f'its {storage.basename(checksum_path(path))} is {state}')
+    check_sidecar(path)

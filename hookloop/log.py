@@ -2,6 +2,7 @@
 import logging
 import os
 import sys
+import time
 
 _FORMAT = '%(asctime)s - hookloop - %(levelname)s - %(message)s'
 
@@ -15,6 +16,7 @@ def create_logger(work_dir, timestamp, rank=0, level='INFO'):
         handler.close()
     logger.setLevel(level if rank == 0 else logging.WARNING)
     formatter = logging.Formatter(_FORMAT)
+    formatter.hookloop_line = True  # lines for this formatter may be written by :func:`info_line`
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(formatter)
     logger.addHandler(stream)
@@ -74,3 +76,82 @@ def close_logger(logger):
         handler.flush()
         handler.close()
         logger.removeHandler(handler)
+
+
+# -- the log events' fast path ------------------------------------------------------------
+_TIME_FORMAT = logging.Formatter.default_time_format
+_MSEC_FORMAT = logging.Formatter.default_msec_format
+_seconds = [None, None, None]  # (whole second, converter, its strftime): one strftime per second
+
+
+def _plain_formatter(formatter):
+    """True for the formatter :func:`create_logger` made, still as it made it."""
+    return (getattr(formatter, 'hookloop_line', False) and type(formatter) is logging.Formatter
+            and formatter._fmt == _FORMAT and formatter.datefmt is None
+            and formatter.default_time_format == _TIME_FORMAT and formatter.default_msec_format == _MSEC_FORMAT)
+
+
+def _direct(handler):
+    """The stream handler that writes the lines of one of :func:`create_logger`'s own
+    handlers, when a line can be written to its stream as it would write it itself, else None
+    (a user's handler, or one changed since)."""
+    if handler.filters:
+        return None
+    if type(handler) is DeferredFileHandler:
+        handler = handler._file
+        if handler is None or handler.filters or logging.INFO < handler.level:
+            return None  # not started yet: the handler keeps the record for later
+    elif type(handler) is not logging.StreamHandler:
+        return None
+    if handler.stream is None or handler.terminator != '\n' or not _plain_formatter(handler.formatter):
+        return None
+    return handler
+
+
+def _asctime(created, converter):
+    second = int(created)
+    cached = _seconds
+    if cached[0] != second or cached[1] is not converter:
+        cached[:] = second, converter, time.strftime(_TIME_FORMAT, converter(created))
+    return _MSEC_FORMAT % (cached[2], int((created - second) * 1000))
+
+
+def info_line(logger, message):
+    """``logger.info(message)`` for a run's logger, cheaper (a log event's line).
+
+    The handlers :func:`create_logger` made get the line they would write, formatted once for
+    all of them, without a ``LogRecord``; any other handler (a user's) gets the record as
+    usual, with the same creation time. A logger or handler changed in a way this does not
+    reproduce (filters, another formatter or level) takes the standard path."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    if logger.filters or logger.disabled or not logger.handlers:
+        logger.info(message, stacklevel=2)
+        return
+    handlers = [(handler, _direct(handler)) for handler in logger.handlers if logging.INFO >= handler.level]
+    record = None
+    if any(direct is None for _, direct in handlers):
+        frame = sys._getframe(1)
+        record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno, message,
+                                   (), None, frame.f_code.co_name)
+        created = record.created
+    else:
+        created = time.time()
+    line = converter = None
+    for handler, direct in handlers:
+        if direct is None:
+            handler.handle(record)
+            continue
+        if direct.formatter.converter is not converter:
+            converter = direct.formatter.converter
+            line = f'{_asctime(created, converter)} - hookloop - {logging.getLevelName(logging.INFO)} - {message}\n'
+        try:
+            with direct.lock:
+                direct.stream.write(line)
+                direct.stream.flush()
+        except RecursionError:
+            raise
+        except Exception:  # as logging.StreamHandler.emit does
+            if record is None:
+                record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, (), None, 'info_line')
+            handler.handleError(record)

@@ -181,7 +181,10 @@ class MeterBuffer:
             else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
                 result[key] = _stats(list(map(float, values)))
         for items in pending.values():
-            numbers = torch.cat([stacked for _, stacked in items]).tolist()  # the one host copy
+            if len(items) == 1:
+                numbers = items[0][1].tolist()
+            else:
+                numbers = torch.cat([stacked for _, stacked in items]).tolist()  # the one host copy
             start = 0
             for key, stacked in items:
                 result[key] = _stats(numbers[start:start + len(stacked)])
@@ -200,7 +203,10 @@ def _stack_scalars(values):
     """One float tensor of the one-element tensors ``values`` (on one device), or None when
     they are not all that."""
     try:
-        return torch.stack(values).float().reshape(len(values))  # the usual case: same shapes
+        stacked = torch.stack(values)  # the usual case: same shapes
+        if stacked.dtype is not torch.float32:  # (each tensor method is a dispatcher call: only when needed)
+            stacked = stacked.float()
+        return stacked if stacked.dim() == 1 else stacked.reshape(len(values))
     except (TypeError, RuntimeError):
         if all(isinstance(v, torch.Tensor) for v in values):
             return torch.stack([v.float().reshape(()) for v in values])  # [] and [1] mixed

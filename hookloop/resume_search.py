@@ -14,8 +14,7 @@ import re
 
 from . import storage
 
-from .checkpoint import (CHECKSUM_SUFFIX, POINTER_NAME, TMP_SUFFIX, checksum_path, inside, load_checkpoint,
-                         read_pointer)
+from .checkpoint import CHECKSUM_SUFFIXES, POINTER_NAME, TMP_SUFFIX, inside, load_checkpoint, read_pointer
 from .errors import CheckpointError
 from .fsdp import is_sharded_checkpoint, verify_sharded
 from .integrity import UnverifiedCheckpointError, require_sidecar
@@ -51,7 +50,7 @@ def checkpoints_in(directories):
             continue
         for name in sorted(storage.listdir(directory)):
             path = storage.join(directory, name)
-            if name.startswith('.') or name.endswith((TMP_SUFFIX, CHECKSUM_SUFFIX)) or name == POINTER_NAME \
+            if name.startswith('.') or name.endswith((TMP_SUFFIX,) + CHECKSUM_SUFFIXES) or name == POINTER_NAME \
                     or '.damaged' in name:
                 continue
             if storage.is_url(path):  # sharded checkpoints are local-only
@@ -81,8 +80,9 @@ def set_aside(path):
             storage.move(path, target)
         else:
             os.rename(path, target)
-        if storage.exists(checksum_path(path)):
-            (storage.move if storage.is_url(path) else os.rename)(checksum_path(path), checksum_path(target))
+        for suffix in CHECKSUM_SUFFIXES:
+            if storage.exists(path + suffix):
+                (storage.move if storage.is_url(path) else os.rename)(path + suffix, target + suffix)
     except OSError:
         return None
     return target

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from hookloop.checkpoint import POINTER_NAME, load_checkpoint, save_checkpoint
+from hookloop.checkpoint import POINTER_NAME, checksum_path, load_checkpoint, save_checkpoint
 from hookloop.cli import main
 
 BASE = """
@@ -106,7 +106,8 @@ def damaged_files(tmp_path, good):
     flipped = bytearray(data)
     flipped[len(flipped) // 2] ^= 0xFF
     write('flipped.pth', bytes(flipped))
-    (tmp_path / 'flipped.pth.sha256').write_text((good.parent / 'epoch_1.pth.sha256').read_text())
+    with open(checksum_path(str(good))) as f:
+        (tmp_path / os.path.basename(checksum_path('flipped.pth'))).write_text(f.read())
     checkpoint = load_checkpoint(str(good))
     for name, change in [('meta_missing.pth', lambda c: c.pop('meta')),
                          ('meta_wrong.pth', lambda c: c.update(meta={'epoch': 'one'})),

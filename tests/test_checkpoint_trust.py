@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
-from hookloop.checkpoint import POINTER_NAME, load_checkpoint, read_pointer, save_checkpoint, update_pointer
+from hookloop import hashing
+from hookloop.checkpoint import POINTER_NAME, checksum_path, load_checkpoint, read_pointer, save_checkpoint, update_pointer
 from hookloop.dcp_metadata import read_dcp_metadata
 from hookloop.errors import CheckpointError, ConfigError
 from hookloop.fsdp import META_FILE, write_shard_checksums
@@ -138,12 +139,12 @@ def test_real_sharded_checkpoint_loads_through_the_restricted_reader(tmp_path):
 def test_every_checkpoint_has_a_checksum_and_a_flipped_byte_is_detected(tmp_path):
     train(make_trainer(tmp_path / 'run', epochs=1))
     path = tmp_path / 'run' / 'iter_5.pth'
-    digest, name = (tmp_path / 'run' / 'iter_5.pth.sha256').read_text().split()
-    assert name == 'iter_5.pth' and len(digest) == 64
+    digest, name = open(checksum_path(str(path))).read().split()
+    assert name == 'iter_5.pth' and len(digest) == {'xxh128': 32, 'sha256': 64}[hashing.default_algorithm()]
     data = bytearray(path.read_bytes())
     data[len(data) // 3] ^= 0x10  # one bit, in the middle of the tensor data
     path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"iter_5\.pth' is damaged: its SHA-256 does not match"):
+    with pytest.raises(CheckpointError, match=r"iter_5\.pth' is damaged: its (XXH128|SHA-256) does not match"):
         load_checkpoint(str(path))
     with pytest.raises(CheckpointError, match=r"iter_5\.pth' is damaged"):  # resume_from=PATH: one error
         train(make_trainer(tmp_path / 'other', resume_from=str(path)))

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint import checksum_path, load_checkpoint, read_pointer
 from hookloop.errors import CheckpointError, ConfigError
 from resume_helpers import CONFIG, assert_states_equal, comparable, kill_leftovers, launch, reference_run
 
@@ -122,7 +122,8 @@ def test_checkpoint_out_dir_on_s3_writes_no_local_folder(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     work_dir = tmp_path / 'work'
     trainer = train(make_trainer(str(work_dir), dict(interval=1, out_dir=f's3://{bucket}/ckpt', max_keep_ckpts=2)))
-    assert names(fs, f'{bucket}/ckpt') == ['epoch_2.pth', 'epoch_2.pth.sha256', 'epoch_3.pth', 'epoch_3.pth.sha256']
+    sidecar = checksum_path('')
+    assert names(fs, f'{bucket}/ckpt') == ['epoch_2.pth', 'epoch_2.pth' + sidecar, 'epoch_3.pth', 'epoch_3.pth' + sidecar]
     # the pointer stays in the work dir; it names the hook's out_dir, which read_pointer is told of
     assert read_pointer(str(work_dir), also_inside=[f's3://{bucket}/ckpt']) == f's3://{bucket}/ckpt/epoch_3.pth'
     with pytest.raises(CheckpointError, match='outside the work dir'):
@@ -175,7 +176,7 @@ def test_s3_train_kill_resume_auto_is_bitwise(tmp_path, s3):
 # -- trust (issue 12) on a URL storage dir ---------------------------------------------------
 @pytest.mark.parametrize('async_save', [False, True], ids=['sync', 'async'])
 def test_memory_sidecars_relative_pointer_and_walk_back(tmp_path, monkeypatch, memory_fs, async_save):
-    """On ``memory://`` every checkpoint gets its ``.sha256`` (async saves too), the pointer holds
+    """On ``memory://`` every checkpoint gets its checksum sidecar (async saves too), the pointer holds
     a plain file name, a damaged latest fails verification and ``--resume auto`` walks back."""
     monkeypatch.chdir(tmp_path)
     url = 'memory://hookloop-test/trust'
@@ -183,14 +184,14 @@ def test_memory_sidecars_relative_pointer_and_walk_back(tmp_path, monkeypatch, m
     train(make_trainer(url, checkpoint, extra_hooks=[StopAfter(6)]))
     files = names(memory_fs, '/hookloop-test/trust')
     assert [n for n in files if n.endswith('.pth')] == ['iter_4.pth', 'iter_5.pth', 'iter_6.pth']
-    assert all(n + '.sha256' in files for n in files if n.endswith('.pth'))
+    assert all(checksum_path(n) in files for n in files if n.endswith('.pth'))
     assert memory_fs.cat_file('/hookloop-test/trust/last_checkpoint') == b'iter_6.pth'
     assert read_pointer(url) == url + '/iter_6.pth'
     # flip one byte of the latest: load refuses it, --resume auto falls back to iter_5
     data = bytearray(memory_fs.cat_file('/hookloop-test/trust/iter_6.pth'))
     data[len(data) // 2] ^= 0xFF
     memory_fs.pipe_file('/hookloop-test/trust/iter_6.pth', bytes(data))
-    with pytest.raises(CheckpointError, match='SHA-256 does not match'):
+    with pytest.raises(CheckpointError, match='(XXH128|SHA-256) does not match'):
         load_checkpoint(url + '/iter_6.pth')
     resumed = make_trainer(url, checkpoint, resume_from='auto')
     path, found = resumed._resume_target()

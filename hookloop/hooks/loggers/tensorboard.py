@@ -32,8 +32,14 @@ class TensorboardLoggerHook(LoggerHook):
             self.writer.add_text('config', '    ' + json.dumps(flatten(trainer.cfg), indent=1).replace('\n', '\n    '))
 
     def log(self, trainer, record):
-        for key, value in self.metrics_of(record).items():
-            self.writer.add_scalar(f'{record["mode"]}/{key}', value, record['iter'])
+        # One event with every scalar of the record (what add_scalar writes one event each for:
+        # the same tags, values and step for every reader, at a fraction of the cost)
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        mode, value_of = record['mode'], Summary.Value
+        values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
+                  for key, value in self.metrics_of(record).items()]
+        if values:
+            self.writer._get_file_writer().add_summary(Summary(value=values), record['iter'])
 
     def log_images(self, trainer, tag, images, step):
         for index, image in enumerate(images):

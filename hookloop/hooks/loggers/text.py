@@ -5,6 +5,7 @@ import os
 import shutil
 import time
 
+from ...log import info_line
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir
 
@@ -14,9 +15,12 @@ def json_log_path(trainer):
     return os.path.join(trainer.work_dir, f'{trainer.timestamp}.log.json')
 
 
+_JSON = json.JSONEncoder(default=float)  # what json.dumps(record, default=float) builds at every call
+
+
 def append_json(path, record):
     with open(path, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(record, default=float) + '\n')
+        f.write(_JSON.encode(record) + '\n')
 
 
 @HOOKS.register_module()
@@ -76,11 +80,11 @@ class TextLoggerHook(LoggerHook):
             items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
             where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
             line = f'{where}  {items}'
-        trainer.logger.info(line)
+        info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
         self._write_json(record)
 
     def _write_json(self, record):
-        self._json_file.write(json.dumps(record, default=float) + '\n')
+        self._json_file.write(_JSON.encode(record) + '\n')
 
     def run_summary(self, trainer):
         return {'json log': os.path.relpath(self.json_path, trainer.work_dir)} if self.json_path else {}
@@ -97,21 +101,19 @@ class TextLoggerHook(LoggerHook):
 
     def _format_train(self, trainer, record):
         if self.by_epoch:
-            head = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]'
+            head = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]\t'
         else:
-            head = f'Iter [{record["iter"]}/{trainer.max_iters}]'
-        parts = []
-        if 'lr' in record:
-            parts.append(f'lr: {record["lr"]:.3e}')
+            head = f'Iter [{record["iter"]}/{trainer.max_iters}]\t'
+        parts = [f'lr: {record["lr"]:.3e}'] if 'lr' in record else []
         parts.append(f'eta: {datetime.timedelta(seconds=int(self.eta_seconds(trainer, record)))}')
-        for key in ('time', 'data_time'):
-            if key in record:
-                parts.append(f'{key}: {record[key]:.3f}')
+        if 'time' in record:
+            parts.append(f'time: {record["time"]:.3f}')
+        if 'data_time' in record:
+            parts.append(f'data_time: {record["data_time"]:.3f}')
         if 'memory' in record:
             parts.append(f'memory: {record["memory"]}')
-        skip = {'mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'}
-        parts += [f'{k}: {_fmt(v)}' for k, v in record.items() if k not in skip]
-        return f'{head}\t' + ', '.join(parts)
+        parts += [f'{k}: {_fmt(v)}' for k, v in record.items() if k not in _NOT_METRICS]
+        return head + ', '.join(parts)
 
     def close(self, trainer):
         if self._json_file is not None:
@@ -128,6 +130,9 @@ class TextLoggerHook(LoggerHook):
                 if not self.keep_local and not name.endswith('.log'):  # the open .log stays
                     os.remove(os.path.join(trainer.work_dir, name))
         trainer.logger.info('copied the logs to %s', target)
+
+
+_NOT_METRICS = frozenset(('mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'))
 
 
 def _fmt(value):
