@@ -53,7 +53,7 @@ def write_image(path, width, height, seed):
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp('data')
     write_image(str(root / 'instance' / 'dog.png'), 23, 20, 1)  # resized to 18x16, cropped at random
-    write_image(str(root / 'class' / 'class_00000.png'), 20, 31, 2)  # resized to 16x24
+    write_image(str(root / 'class' / 'class_00000.png'), 32, 32, 2)  # resized to 16x16: RandomCrop draws nothing
     return str(root / 'instance'), str(root / 'class')
 
 
