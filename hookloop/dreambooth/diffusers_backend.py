@@ -87,7 +87,8 @@ class DiffusersDreamBooth(nn.Module):
             ``target_modules=None`` means the UNet attention projections ``to_q, to_k, to_v,
             to_out.0``; ``text_encoder=True`` adapts CLIP's ``q/k/v/out_proj`` too.
         train_text_encoder: also fine-tune the whole text encoder (prompts are then encoded
-            every step, with gradients).
+            every step, with gradients); with ``lora``, LoRA adapters on the text encoder
+            instead (diffusers' LoRA script's ``--train_text_encoder``).
         tokenizer_max_length: prompt tokens (default the tokenizer's ``model_max_length``).
         snr_gamma: min-SNR loss weighting (Hang et al., 2023): each instance sample's error is
             weighted by ``min(SNR, gamma) / SNR`` (epsilon) or ``/ (SNR + 1)`` (v-prediction).

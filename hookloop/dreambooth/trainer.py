@@ -207,7 +207,8 @@ class DreamBoothDiffusionTrainer(Trainer):
             work dir; None saves none). With LoRA it holds the adapter weights only.
         lora, train_text_encoder, tokenizer_max_length, snr_gamma, noise_offset,
             gradient_checkpointing: passed to the diffusers back-end (see
-            :class:`~hookloop.dreambooth.DiffusersDreamBooth`).
+            :class:`~hookloop.dreambooth.DiffusersDreamBooth`); ``train_text_encoder`` with
+            ``lora`` means LoRA adapters on the text encoder, as in diffusers' LoRA script.
         text_encoder_lr: the text encoder's learning rate when it trains (default: the
             optimizer's ``lr``).
         validation: ``dict(prompts=[...], every_n_iters=100, num_images=2,
@@ -215,6 +216,10 @@ class DreamBoothDiffusionTrainer(Trainer):
             and at the end, under ``<work_dir>/validation/iter_<n>/`` and in the loggers.
         center_crop, random_flip: image augmentation as in diffusers' script (random crop
             by default).
+        image_interpolation_mode: the resize filter, one of torchvision's seven names
+            (``nearest``, ``nearest_exact``, ``bilinear``, ``bicubic``, ``box``, ``hamming``,
+            ``lanczos``); default lanczos with ``lora`` (diffusers' LoRA script), bilinear
+            otherwise (``train_dreambooth.py``).
         max_grad_norm: gradient clipping (diffusers' default 1.0; None: none), as the
             optimizer hook's ``grad_clip`` unless ``optimizer_config`` sets one.
         scale_lr: multiply the learning rates by batch size x accumulation x world size.
@@ -226,7 +231,13 @@ class DreamBoothDiffusionTrainer(Trainer):
         **kwargs: every other :class:`~hookloop.trainer.Trainer` argument (``optimizer``,
             ``max_iters``, ``optimizer_config=dict(precision='fp16')``, ``checkpoint_config``,
             ``resume_from``, ...). ``loss_fn`` is the trainer's own and may not be given.
-            ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved).
+            ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved),
+            and to a checkpoint every 500 iterations when not given (diffusers'
+            ``--checkpointing_steps``; ``checkpoint_config=None``: none).
+        Flags of diffusers' ``train_dreambooth_lora.py`` that are not hookloop arguments either
+        work with their meaning (``pretrained_model_name_or_path``, ``checkpointing_steps``,
+        ``checkpoints_total_limit``) or are a ConfigError naming hookloop's spelling
+        (:mod:`hookloop.dreambooth.flags`).
             ``optimizer_config=dict(precision='fp16'|'bf16')`` also casts the frozen weights.
     """
 
