@@ -87,6 +87,8 @@ def take_diffusers_flags(kwargs):
     hookloop arguments in ``kwargs`` (returned as a dict of what was set); every other one
     is a ConfigError naming hookloop's spelling. ``kwargs`` is checked whole before any
     change, so one error names the first offending flag."""
+    for name in [name for name in FOREIGN if name in kwargs and kwargs[name] is None]:
+        del kwargs[name]  # a ported config's unset flag: nothing to do
     given = [name for name in FOREIGN if name in kwargs]
     for name in given:
         kind, text = FLAGS[name]
