@@ -234,11 +234,13 @@ class DreamBoothDiffusionTrainer(Trainer):
             ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved),
             and to a checkpoint every 500 iterations when not given (diffusers'
             ``--checkpointing_steps``; ``checkpoint_config=None``: none).
-        Flags of diffusers' ``train_dreambooth_lora.py`` that are not hookloop arguments either
-        work with their meaning (``pretrained_model_name_or_path``, ``checkpointing_steps``,
-        ``checkpoints_total_limit``) or are a ConfigError naming hookloop's spelling
-        (:mod:`hookloop.dreambooth.flags`).
             ``optimizer_config=dict(precision='fp16'|'bf16')`` also casts the frozen weights.
+
+    Flags of diffusers' ``train_dreambooth_lora.py`` that are not hookloop arguments either
+    work with their meaning (``pretrained_model_name_or_path``, ``checkpointing_steps``,
+    ``checkpoints_total_limit``) or are a ConfigError naming hookloop's spelling
+    (:mod:`hookloop.dreambooth.flags`). With a seed, the global RNGs are used as that
+    script uses them (docs/dreambooth.md, "Randomness").
     """
 
     @with_foreign_flags
