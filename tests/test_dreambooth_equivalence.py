@@ -185,7 +185,7 @@ def hookloop_lora_run(base, instance_dir, class_dir, text_lora, work_dir):
     trainer = build_trainer('dreambooth_diffusion', default_args=dict(
         pretrained_model_name_or_path=base, instance_data_dir=instance_dir, instance_prompt='a sks dog',
         resolution=RESOLUTION, lora=dict(rank=4), train_text_encoder=text_lora, seed=SEED,
-        optimizer=dict(type='AdamW', lr=LR), max_iters=STEPS, device='cpu', work_dir=work_dir,
+        learning_rate=LR, max_train_steps=STEPS, train_batch_size=1, output_dir=work_dir, device='cpu',
         custom_hooks=[dict(type='RecordLossHook')], log_config=dict(interval=1), **prior))
     hook = next(h for h in trainer.hooks if isinstance(h, RecordLossHook))
     train(trainer)

@@ -243,12 +243,28 @@ def test_diffusers_checkpoint_flags_work_with_their_meaning(tmp_path, base):
     assert (hook.interval, hook.by_epoch, hook.max_keep_ckpts) == (3, False, 2)
 
 
+def test_a_ported_command_line_builds_what_the_script_would(tmp_path, base):
+    trainer = build_trainer('dreambooth_diffusion', default_args=dict(
+        pretrained_model_name_or_path=base, instance_data=torch.zeros(1, 3, 16, 16), instance_prompt='a sks dog',
+        learning_rate=1e-4, adam_beta1=0.8, adam_weight_decay=0.0, adam_epsilon=1e-6, max_train_steps=7,
+        train_batch_size=2, dataloader_num_workers=0, output_dir=str(tmp_path / 'out'), mixed_precision='no',
+        device='cpu', validation_prompt=None, push_to_hub=False))  # unset and switched-off flags are fine
+    group = trainer.optimizer.param_groups[0]
+    assert type(trainer.optimizer).__name__ == 'AdamW'
+    assert (group['lr'], group['betas'], group['weight_decay'], group['eps']) == (1e-4, (0.8, 0.999), 0.0, 1e-6)
+    assert trainer.max_iters == 7 and trainer.train_dataloader.batch_sampler.batch_size == 2
+    assert os.path.abspath(trainer.work_dir) == str(tmp_path / 'out')
+    with pytest.raises(ConfigError, match="--learning_rate=0.001 and optimizer.lr=0.01 disagree"):
+        dreambooth(tmp_path, base, learning_rate=1e-3)  # the helper's optimizer has lr=1e-2
+    dreambooth(tmp_path, base, learning_rate=1e-2)  # a helper variable used in optimizer: the same value
+
+
 @pytest.mark.parametrize('flag, value, spelling', [
     ('lr_warmup_steps', 10, 'warmup_iters=N, warmup_ratio=0.0'),
     ('validation_epochs', 5, 'validation=dict(every_n_iters=N)'),
     ('report_to', 'wandb', 'log_config=dict(hooks='),
-    ('learning_rate', 1e-4, "optimizer=dict(type='AdamW', lr=...)"),
-    ('max_train_steps', 10, 'max_iters=N'),
+    ('lr_scheduler', 'cosine', 'lr_config=dict(policy=...)'),
+    ('num_train_epochs', 2, 'max_epochs=N'),
     ('rank', 8, 'lora=dict(rank=N)'),
     ('push_to_hub', True, 'not supported'),
 ])

@@ -237,8 +237,8 @@ class DreamBoothDiffusionTrainer(Trainer):
             ``optimizer_config=dict(precision='fp16'|'bf16')`` also casts the frozen weights.
 
     Flags of diffusers' ``train_dreambooth_lora.py`` that are not hookloop arguments either
-    work with their meaning (``pretrained_model_name_or_path``, ``checkpointing_steps``,
-    ``checkpoints_total_limit``) or are a ConfigError naming hookloop's spelling
+    work with their meaning (``pretrained_model_name_or_path``, ``learning_rate``,
+    ``max_train_steps``, ``checkpointing_steps``, ...) or are a ConfigError naming hookloop's spelling
     (:mod:`hookloop.dreambooth.flags`). With a seed, the global RNGs are used as that
     script uses them (docs/dreambooth.md, "Randomness").
     """
@@ -253,7 +253,8 @@ class DreamBoothDiffusionTrainer(Trainer):
                  gradient_checkpointing=False, pre_compute_text_embeddings=False, use_8bit_adam=False,
                  image_interpolation_mode=None, **kwargs):
         given_checkpoint_config = 'checkpoint_config' in kwargs
-        taken = take_diffusers_flags(kwargs)
+        taken = take_diffusers_flags(kwargs, train_dataloader)
+        train_dataloader = taken.get('train_dataloader', train_dataloader)
         if 'model' in taken:
             if model is not None:
                 raise ConfigError('dreambooth_diffusion got both model and pretrained_model_name_or_path; give one')
