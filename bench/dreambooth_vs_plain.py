@@ -75,9 +75,8 @@ def plain_diffusers_step_loop(pretrained, steps, resolution, lora_rank, lr=1e-4,
     vae.eval()
     text_encoder.eval()
     unet.train()
-    # hookloop seeds once more when the trainer starts, after the model is built (LoRA's
-    # initialisation draws from the RNG): the training stream starts at the seed either way.
-    seed_everything(seed)
+    # No second seed after LoRA's initialisation (as diffusers' script); each epoch draws two
+    # numbers from the global RNG as torch's DataLoader with shuffle=True does (below).
     params = [p for p in unet.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr)
     data = subject_pixels(resolution)
@@ -87,6 +86,9 @@ def plain_diffusers_step_loop(pretrained, steps, resolution, lora_rank, lr=1e-4,
     for step in range(steps):
         if step and step % len(data) == 0:
             order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed + step // len(data))).tolist()
+        if step % len(data) == 0:
+            torch.empty((), dtype=torch.int64).random_()  # the DataLoader's base seed
+            torch.empty((), dtype=torch.int64).random_()  # its RandomSampler's seed
         pixels = data[order[step % len(data)]:order[step % len(data)] + 1]
         start = time.perf_counter()
         with torch.no_grad():

@@ -17,6 +17,7 @@ num_class_images = 100                      # generated before the run, split ac
 resolution = 512
 center_crop = False                         # random crop, as diffusers' default
 random_flip = True
+image_interpolation_mode = 'lanczos'       # the LoRA script's default resize filter (bilinear: train_dreambooth.py)
 lora = dict(rank=4, alpha=4, target_modules=None, dropout=0.0, text_encoder=False)
 snr_gamma = 5.0                             # min-SNR weighting
 max_grad_norm = 1.0

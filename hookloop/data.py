@@ -69,7 +69,16 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
     ``(seed, epoch, rank)``. With ``seed_batches`` each batch is a :class:`SeededBatch`,
     which tells a :class:`SeededDataset` in a worker how to seed it.
     Call :meth:`set_epoch` before each epoch (the trainer does).
+
+    ``global_rng_draws`` (default 0: the global RNG is not touched) makes each epoch that
+    starts at batch 0 draw that many int64 numbers from the global torch RNG before its
+    first batch, as torch's DataLoader does (its base seed, and a shuffling RandomSampler's
+    seed: 2); an epoch re-entered at a later batch on resume draws none, as the RNG state
+    restored from the checkpoint already follows those draws. ``dreambooth_diffusion`` sets
+    it to match diffusers' scripts without pinning the RNG.
     """
+
+    global_rng_draws = 0
 
     def __init__(self, length, batch_size, shuffle=False, seed=0, drop_last=False,
                  rank=0, world_size=1, shard_drop_last=False, seed_batches=True):
@@ -147,6 +156,9 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
     def __iter__(self):
         indices, size = self.indices(), self.batch_size
         skipped = self.start_batch if self._split_start() else 0  # a split pass's list starts at start_batch
+        if self.start_batch == 0:
+            for _ in range(self.global_rng_draws):
+                torch.empty((), dtype=torch.int64).random_()
         for batch_index in range(self.start_batch, len(self)):
             batch = indices[(batch_index - skipped) * size:(batch_index - skipped + 1) * size]
             if self.seed_batches:  # only workers seed (the main process fetches a plain list)

@@ -56,14 +56,16 @@ def test_trainer_matches_plain_pytorch_dreambooth_loop(tmp_path, pretrained):
 
     # The same job as a plain loop: same weights, data, order, seed and two-term loss, and
     # diffusers' default clipping (max_grad_norm=1.0).
+    # The RNG as diffusers' script uses it: seeded once before the model is built, and a
+    # torch DataLoader per epoch (its base seed is drawn from the global RNG).
     from safetensors.torch import load_file
-    model = TinyDiffusion.from_pretrained(pretrained)
     instances = list(ToySubjectSamples(4))
     classes = [load_file(str(class_dir / name))['sample'] for name in sorted(os.listdir(class_dir))]
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     torch.manual_seed(0)
-    for step in range(6):
-        index = [(2 * step) % 4, (2 * step + 1) % 4]
+    model = TinyDiffusion.from_pretrained(pretrained)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    batches = (index.tolist() for _ in range(3) for index in torch.utils.data.DataLoader(range(4), batch_size=2))
+    for index in batches:
         pixels = torch.stack([instances[i] for i in index] + [classes[i] for i in index])
         out = model(pixels, ['a sks dog'] * 2 + ['a dog'] * 2)
         loss = F.mse_loss(out['model_pred'][:2], out['target'][:2]) + \

@@ -214,8 +214,6 @@ def test_lora_kill_9_then_resume_auto_is_bitwise_exact(tmp_path, base):
 def test_lora_options_are_checked(tmp_path, base):
     with pytest.raises(ConfigError, match="lora got unknown keys \\['ranks'\\]"):
         dreambooth(tmp_path, base, lora=dict(ranks=4))
-    with pytest.raises(ConfigError, match='lora and train_text_encoder=True exclude each other'):
-        dreambooth(tmp_path, base, lora=dict(rank=4), train_text_encoder=True)
 
 
 @pytest.mark.slow

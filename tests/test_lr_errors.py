@@ -27,9 +27,9 @@ def build(tmp_path, **hook_configs):
      'restart_weights must be a list with one weight per period (2)'),
     (dict(policy='Fixed', warmup='cosine', warmup_iters=5), "warmup must be None or one of 'constant', 'linear', "
                                                            "'exp', got 'cosine'"),
-    (dict(policy='Fixed', warmup='linear', warmup_iters=5, warmup_ratio=0), 'warmup_ratio must be in (0, 1], got 0'),
-    (dict(policy='Fixed', warmup='linear', warmup_iters=5, warmup_ratio=-0.1), 'warmup_ratio must be in (0, 1]'),
-    (dict(policy='Fixed', warmup='linear', warmup_iters=5, warmup_ratio=1.5), 'warmup_ratio must be in (0, 1]'),
+    (dict(policy='Fixed', warmup='constant', warmup_iters=5, warmup_ratio=0), 'warmup_ratio must be in (0, 1], got 0'),
+    (dict(policy='Fixed', warmup='linear', warmup_iters=5, warmup_ratio=-0.1), 'warmup_ratio must be in [0, 1]'),
+    (dict(policy='Fixed', warmup='linear', warmup_iters=5, warmup_ratio=1.5), 'warmup_ratio must be in [0, 1]'),
     (dict(policy='Fixed', warmup='linear', warmup_iters=0), 'FixedLrUpdaterHook: warmup_iters must be positive, got 0'),
     (dict(policy='Cyclic', by_epoch=True), 'CyclicLrUpdaterHook works per iteration only: set by_epoch=False'),
     (dict(policy='OneCycle', max_lr=0.1, by_epoch=True), 'OneCycleLrUpdaterHook works per iteration only'),

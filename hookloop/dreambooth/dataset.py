@@ -21,31 +21,81 @@ def list_samples(directory):
                   if name.lower().endswith(SAMPLE_SUFFIXES) and not name.startswith('.'))
 
 
-def image_to_tensor(image, resolution, channels=3, center_crop=True, random_flip=False):
-    """A PIL image as diffusers' DreamBooth script prepares it: EXIF orientation applied,
-    converted to RGB (or grey), the shorter side resized to ``resolution`` (bilinear), a
-    ``resolution`` square cropped from the centre (``center_crop``) or at a random place,
-    mirrored with probability 1/2 (``random_flip``); a ``(channels, resolution, resolution)``
-    float tensor in [-1, 1]. Random draws use the global torch RNG in the order and form of
-    torchvision's ``RandomCrop`` and ``RandomHorizontalFlip`` (restored on resume)."""
+# --image_interpolation_mode of diffusers' scripts: torchvision's InterpolationMode names and the
+# PIL filters torchvision resizes PIL images with (nearest_exact is PIL's NEAREST there too).
+INTERPOLATION_MODES = {'nearest': 0, 'nearest_exact': 0, 'bilinear': 2, 'bicubic': 3, 'box': 4, 'hamming': 5,
+                       'lanczos': 1}
+
+
+def check_interpolation(mode):
+    if mode not in INTERPOLATION_MODES:
+        raise ConfigError(f'dreambooth_diffusion image_interpolation_mode must be one of '
+                          f'{", ".join(INTERPOLATION_MODES)}, got {mode!r}')
+    return mode
+
+
+def resized_size(width, height, size):
+    """torchvision's ``Resize(size)`` output for an int ``size``: the shorter side becomes
+    ``size``, the longer ``int(size * long / short)`` (truncated, not rounded)."""
+    if width <= height:
+        return size, int(size * height / width)
+    return int(size * width / height), size
+
+
+def center_crop_box(width, height, size):
+    """torchvision's ``CenterCrop(size)`` box: offsets ``round((side - size) / 2)``, rounded
+    half to even as Python's ``round``."""
+    left, top = int(round((width - size) / 2.0)), int(round((height - size) / 2.0))
+    return left, top, left + size, top + size
+
+
+def random_crop_box(width, height, size):
+    """torchvision's ``RandomCrop(size)`` box: nothing is drawn when the image already has
+    the crop size; otherwise the top, then the left offset, from the global torch RNG."""
+    if width == size and height == size:
+        return 0, 0, size, size
+    top = int(torch.randint(0, height - size + 1, size=(1,)).item())
+    left = int(torch.randint(0, width - size + 1, size=(1,)).item())
+    return left, top, left + size, top + size
+
+
+def image_to_tensor(image, resolution, channels=3, center_crop=True, random_flip=False,
+                    interpolation='bilinear'):
+    """A PIL image as diffusers' DreamBooth scripts prepare it: EXIF orientation applied,
+    converted to RGB (or grey), resized as torchvision's ``Resize(resolution)`` with the
+    PIL filter of ``interpolation`` (one of :data:`INTERPOLATION_MODES`; an image whose
+    shorter side already is ``resolution`` is not resampled), cropped as ``CenterCrop`` or
+    ``RandomCrop`` (``center_crop``), mirrored with probability 1/2 (``random_flip``); a
+    ``(channels, resolution, resolution)`` float tensor in [-1, 1]. Random draws use the
+    global torch RNG in the order and form of torchvision's ``RandomCrop`` and
+    ``RandomHorizontalFlip`` (restored on resume)."""
     from PIL import Image, ImageOps
     image = ImageOps.exif_transpose(image)
     image = image.convert('L' if channels == 1 else 'RGB')
     if resolution is not None:
-        scale = resolution / min(image.size)
-        size = (max(resolution, round(image.size[0] * scale)), max(resolution, round(image.size[1] * scale)))
-        image = image.resize(size, Image.BILINEAR)
-        if center_crop:
-            left, top = (size[0] - resolution) // 2, (size[1] - resolution) // 2
-        else:
-            top = int(torch.randint(0, size[1] - resolution + 1, size=(1,)).item())
-            left = int(torch.randint(0, size[0] - resolution + 1, size=(1,)).item())
-        image = image.crop((left, top, left + resolution, top + resolution))
+        size = resized_size(image.size[0], image.size[1], resolution)
+        if size != image.size:
+            image = image.resize(size, INTERPOLATION_MODES[interpolation])
+        box = (center_crop_box if center_crop else random_crop_box)(size[0], size[1], resolution)
+        if box != (0, 0) + size:
+            image = image.crop(box)
     if random_flip and torch.rand(1) < 0.5:
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
     data = data.view(image.size[1], image.size[0], channels).permute(2, 0, 1)
     return data.float() / 127.5 - 1.0
+
+
+def follow_umask(directory):
+    """Give the ``.safetensors`` files under ``directory`` the mode new files get (``0o666``
+    less the umask): safetensors' writer makes them 0600, unlike every other file a run writes."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            if name.endswith('.safetensors') and not os.path.islink(path):
+                os.chmod(path, 0o666 & ~mask)
 
 
 def tensor_to_image(sample):
@@ -56,13 +106,13 @@ def tensor_to_image(sample):
     return Image.fromarray(data[..., 0] if data.shape[-1] == 1 else data)
 
 
-def load_sample(path, resolution=None, channels=3, center_crop=True, random_flip=False):
+def load_sample(path, resolution=None, channels=3, center_crop=True, random_flip=False, interpolation='bilinear'):
     if path.lower().endswith('.safetensors'):
         from safetensors.torch import load_file
         return load_file(path)['sample']
     from PIL import Image
     with Image.open(path) as image:
-        return image_to_tensor(image, resolution, channels, center_crop, random_flip)
+        return image_to_tensor(image, resolution, channels, center_crop, random_flip, interpolation)
 
 
 class DreamBoothDataset(Dataset):
@@ -75,20 +125,23 @@ class DreamBoothDataset(Dataset):
         class_data_dir, class_prompt, num_class_images: where the class samples are and
             how many to use (None: no prior preservation).
         resolution, channels: what image files are resized / converted to.
-        center_crop, random_flip: how image files are cropped and mirrored (see
-            :func:`image_to_tensor`), instance and class images alike (as diffusers does).
+        center_crop, random_flip, interpolation: how image files are resized, cropped and
+            mirrored (see :func:`image_to_tensor`), instance and class images alike (as
+            diffusers does).
 
     The length is ``max(#instance, num_class_images)``; instance samples repeat.
     """
 
     def __init__(self, instance_samples, instance_prompt, class_data_dir=None, class_prompt=None,
-                 num_class_images=0, resolution=None, channels=3, center_crop=True, random_flip=False):
+                 num_class_images=0, resolution=None, channels=3, center_crop=True, random_flip=False,
+                 interpolation='bilinear'):
         self.instance_samples = list(instance_samples)
         self.instance_prompt = instance_prompt
         self.class_data_dir, self.class_prompt = class_data_dir, class_prompt
         self.num_class_images = num_class_images if class_data_dir is not None else 0
         self.resolution, self.channels = resolution, channels
         self.center_crop, self.random_flip = center_crop, random_flip
+        self.interpolation = check_interpolation(interpolation)
         self.class_samples = None  # listed on first use, after the trainer generated them
 
     def __len__(self):
@@ -110,7 +163,8 @@ class DreamBoothDataset(Dataset):
     def _load(self, sample):
         if isinstance(sample, torch.Tensor):
             return sample.float()
-        return load_sample(sample, self.resolution, self.channels, self.center_crop, self.random_flip)
+        return load_sample(sample, self.resolution, self.channels, self.center_crop, self.random_flip,
+                           self.interpolation)
 
     def __getitem__(self, index):
         item = {'instance': self._load(self.instance_samples[index % len(self.instance_samples)]),

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import MODELS
-from .dataset import tensor_to_image
+from .dataset import follow_umask, tensor_to_image
 
 _PARTS = ('unet', 'vae', 'text_encoder', 'tokenizer', 'scheduler')
 UNET_LORA_TARGETS = ('to_q', 'to_k', 'to_v', 'to_out.0')  # diffusers' attention projections
@@ -87,7 +87,8 @@ class DiffusersDreamBooth(nn.Module):
             ``target_modules=None`` means the UNet attention projections ``to_q, to_k, to_v,
             to_out.0``; ``text_encoder=True`` adapts CLIP's ``q/k/v/out_proj`` too.
         train_text_encoder: also fine-tune the whole text encoder (prompts are then encoded
-            every step, with gradients).
+            every step, with gradients); with ``lora``, LoRA adapters on the text encoder
+            instead (diffusers' LoRA script's ``--train_text_encoder``).
         tokenizer_max_length: prompt tokens (default the tokenizer's ``model_max_length``).
         snr_gamma: min-SNR loss weighting (Hang et al., 2023): each instance sample's error is
             weighted by ``min(SNR, gamma) / SNR`` (epsilon) or ``/ (SNR + 1)`` (v-prediction).
@@ -114,8 +115,8 @@ class DiffusersDreamBooth(nn.Module):
         path = _check_directory(pretrained_model_name_or_path)
         self.lora = check_lora(lora)
         if self.lora is not None and train_text_encoder:
-            raise ConfigError('DiffusersDreamBooth: lora and train_text_encoder=True exclude each other; '
-                              'use lora=dict(..., text_encoder=True) for text-encoder adapters')
+            # diffusers' LoRA script: --train_text_encoder means LoRA adapters on the text encoder.
+            self.lora['text_encoder'], train_text_encoder = True, False
         if snr_gamma is not None and (isinstance(snr_gamma, bool) or not isinstance(snr_gamma, (int, float))
                                       or snr_gamma <= 0):
             raise ConfigError(f'DiffusersDreamBooth snr_gamma must be None or a positive number, got {snr_gamma!r}')
@@ -124,9 +125,12 @@ class DiffusersDreamBooth(nn.Module):
         options = dict(revision=revision, variant=variant, local_files_only=True)
         self.path, self.load_options = path, options
         self.tokenizer = transformers.CLIPTokenizer.from_pretrained(path, subfolder='tokenizer', revision=revision)
-        self.text_encoder = transformers.CLIPTextModel.from_pretrained(path, subfolder='text_encoder', **options)
-        self.vae = diffusers.AutoencoderKL.from_pretrained(path, subfolder='vae', **options)
+        text_encoder = transformers.CLIPTextModel.from_pretrained(path, subfolder='text_encoder', **options)
+        vae = diffusers.AutoencoderKL.from_pretrained(path, subfolder='vae', **options)
+        # The UNet is registered first, so its parameters come first in the optimizer and in the
+        # gradient-clipping norm, as in diffusers' scripts (the norm's sum order is bitwise visible).
         self.unet = diffusers.UNet2DConditionModel.from_pretrained(path, subfolder='unet', **options)
+        self.text_encoder, self.vae = text_encoder, vae
         # Training noise follows the pipeline's own scheduler config; sampling uses its class.
         self.noise_scheduler = diffusers.DDPMScheduler.from_pretrained(path, subfolder='scheduler')
         self.inference_scheduler = self._scheduler_class(diffusers, path).from_pretrained(path, subfolder='scheduler')
@@ -153,6 +157,17 @@ class DiffusersDreamBooth(nn.Module):
         self.num_inference_steps, self.guidance_scale = num_inference_steps, guidance_scale
         self._prompt_cache = {}
         self._precomputed = None  # prompt -> hidden states, once the text encoder is freed
+
+    @property
+    def training_summary(self):
+        """What trains, in words (the trainer logs it at the start)."""
+        if self.lora is not None:
+            what = f"UNet LoRA adapters (rank {self.lora['rank']}, alpha {self.lora['alpha']})"
+            return what + (' and text-encoder LoRA adapters' if self.lora['text_encoder'] else
+                           '; the text encoder is frozen')
+        if self.train_text_encoder:
+            return 'the UNet and the whole text encoder (full fine-tuning)'
+        return 'the whole UNet; the text encoder is frozen'
 
     @property
     def text_encoder_trained(self):
@@ -332,6 +347,7 @@ class DiffusersDreamBooth(nn.Module):
         ``StableDiffusionPipeline.from_pretrained(base).load_lora_weights(directory)`` loads."""
         if self.lora is None:
             self.pipeline().save_pretrained(directory, safe_serialization=True)
+            follow_umask(directory)
             return
         from diffusers import StableDiffusionPipeline
         from diffusers.utils import convert_state_dict_to_diffusers
@@ -352,6 +368,7 @@ class DiffusersDreamBooth(nn.Module):
             unet_lora_adapter_metadata=metadata(self.unet),
             text_encoder_lora_adapter_metadata=metadata(self.text_encoder) if text else None,
             safe_serialization=True)
+        follow_umask(directory)
 
 
 def min_snr_weights(alphas_cumprod, timesteps, gamma, prediction_type):

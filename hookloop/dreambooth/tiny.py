@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..registry import MODELS
+from .dataset import follow_umask
 from .noise_schedule import DDPMSchedule
 
 CONFIG_NAME = 'tiny_diffusion.json'
@@ -182,6 +183,7 @@ class TinyDiffusion(nn.Module):
             json.dump(self.config, f, indent=2)
         save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()},
                   os.path.join(directory, WEIGHTS_NAME))
+        follow_umask(directory)
 
     @classmethod
     def from_pretrained(cls, directory):

@@ -7,20 +7,24 @@ images, memory options) into model arguments, optimizer groups and stock hook se
 Stepping, mixed precision, checkpoints, logging, validation and the final pipeline
 directory are hooks.
 """
+import importlib
 import inspect
 import os
+import random
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from ..builder import build_dataset, build_model
-from ..data import mix_seed, seed_everything
+from ..data import ResumableBatchSampler, mix_seed, seed_everything
 from ..dist import is_distributed
 from ..errors import ConfigError
 from ..registry import MODELS, OPTIMIZERS, TRAINERS, check_call_arguments
 from ..trainer import Trainer
-from .dataset import DreamBoothDataset, collate_dreambooth, list_samples
+from .dataset import DreamBoothDataset, check_interpolation, collate_dreambooth, list_samples
+from .flags import DEFAULT_CHECKPOINT_INTERVAL, take_diffusers_flags, with_foreign_flags
 from .loss import PriorPreservationLoss
 from .validation import ValidationCollate, ValidationPrompts, check_validation
 
@@ -91,6 +95,39 @@ def _instance_samples(instance_data_dir, instance_data):
     return list(instance_data)
 
 
+def _is_diffusers_backend(kind):
+    """Whether a model config's ``type`` is DiffusersDreamBooth or a subclass of it."""
+    from .diffusers_backend import DiffusersDreamBooth
+    if isinstance(kind, str):
+        kind = MODELS.get(kind) if kind in MODELS else None
+    return isinstance(kind, type) and issubclass(kind, DiffusersDreamBooth)
+
+
+def _import_custom(custom_imports):
+    """Import ``custom_imports`` before the model is built (they may register its back-end)."""
+    for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
+        if not isinstance(module, str):
+            continue  # the Trainer reports what it cannot import
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
+
+
+def _rng_states():
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_rng_states(states):
+    python, numpy, cpu, cuda = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 def _with_model_options(model, options):
     """Put the back-end options given to the trainer into the model config."""
     given = {k: v for k, v in options.items() if v != _MODEL_OPTIONS[k]}
@@ -100,7 +137,7 @@ def _with_model_options(model, options):
         raise ConfigError(f'dreambooth_diffusion {sorted(given)} configure the diffusers back-end: give the model '
                           f'as a pipeline directory or a config dict, not a built {type(model).__name__} '
                           '(or pass them to its constructor)')
-    if model.get('type') != 'DiffusersDreamBooth':
+    if not _is_diffusers_backend(model.get('type')):
         raise ConfigError(f'dreambooth_diffusion {sorted(given)} need the diffusers back-end (a pipeline '
                           f'directory or dict(type="DiffusersDreamBooth", ...)), not {model.get("type")!r}')
     clash = sorted(set(given) & set(model))
@@ -170,7 +207,8 @@ class DreamBoothDiffusionTrainer(Trainer):
             work dir; None saves none). With LoRA it holds the adapter weights only.
         lora, train_text_encoder, tokenizer_max_length, snr_gamma, noise_offset,
             gradient_checkpointing: passed to the diffusers back-end (see
-            :class:`~hookloop.dreambooth.DiffusersDreamBooth`).
+            :class:`~hookloop.dreambooth.DiffusersDreamBooth`); ``train_text_encoder`` with
+            ``lora`` means LoRA adapters on the text encoder, as in diffusers' LoRA script.
         text_encoder_lr: the text encoder's learning rate when it trains (default: the
             optimizer's ``lr``).
         validation: ``dict(prompts=[...], every_n_iters=100, num_images=2,
@@ -178,6 +216,10 @@ class DreamBoothDiffusionTrainer(Trainer):
             and at the end, under ``<work_dir>/validation/iter_<n>/`` and in the loggers.
         center_crop, random_flip: image augmentation as in diffusers' script (random crop
             by default).
+        image_interpolation_mode: the resize filter, one of torchvision's seven names
+            (``nearest``, ``nearest_exact``, ``bilinear``, ``bicubic``, ``box``, ``hamming``,
+            ``lanczos``); default lanczos with ``lora`` (diffusers' LoRA script), bilinear
+            otherwise (``train_dreambooth.py``).
         max_grad_norm: gradient clipping (diffusers' default 1.0; None: none), as the
             optimizer hook's ``grad_clip`` unless ``optimizer_config`` sets one.
         scale_lr: multiply the learning rates by batch size x accumulation x world size.
@@ -189,17 +231,40 @@ class DreamBoothDiffusionTrainer(Trainer):
         **kwargs: every other :class:`~hookloop.trainer.Trainer` argument (``optimizer``,
             ``max_iters``, ``optimizer_config=dict(precision='fp16')``, ``checkpoint_config``,
             ``resume_from``, ...). ``loss_fn`` is the trainer's own and may not be given.
-            ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved).
+            ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved),
+            and to a checkpoint every 500 iterations when not given (diffusers'
+            ``--checkpointing_steps``; ``checkpoint_config=None``: none).
             ``optimizer_config=dict(precision='fp16'|'bf16')`` also casts the frozen weights.
+
+    Flags of diffusers' ``train_dreambooth_lora.py`` that are not hookloop arguments either
+    work with their meaning (``pretrained_model_name_or_path``, ``learning_rate``,
+    ``max_train_steps``, ``checkpointing_steps``, ...) or are a ConfigError naming hookloop's spelling
+    (:mod:`hookloop.dreambooth.flags`). With a seed, the global RNGs are used as that
+    script uses them (docs/dreambooth.md, "Randomness").
     """
 
-    def __init__(self, model, instance_prompt=None, instance_data_dir=None, instance_data=None,
+    @with_foreign_flags
+    def __init__(self, model=None, instance_prompt=None, instance_data_dir=None, instance_data=None,
                  class_prompt=None, with_prior_preservation=False, prior_loss_weight=1.0,
                  num_class_images=100, class_data_dir=None, resolution=None, sample_batch_size=4,
                  pipeline_dir='pipeline', train_dataloader=None, lora=None, train_text_encoder=False,
                  text_encoder_lr=None, validation=None, center_crop=False, random_flip=False,
                  tokenizer_max_length=None, snr_gamma=None, noise_offset=0.0, max_grad_norm=1.0, scale_lr=False,
-                 gradient_checkpointing=False, pre_compute_text_embeddings=False, use_8bit_adam=False, **kwargs):
+                 gradient_checkpointing=False, pre_compute_text_embeddings=False, use_8bit_adam=False,
+                 image_interpolation_mode=None, **kwargs):
+        given_checkpoint_config = 'checkpoint_config' in kwargs
+        taken = take_diffusers_flags(kwargs, train_dataloader)
+        train_dataloader = taken.get('train_dataloader', train_dataloader)
+        if 'model' in taken:
+            if model is not None:
+                raise ConfigError('dreambooth_diffusion got both model and pretrained_model_name_or_path; give one')
+            model = taken['model']
+        if model is None:
+            raise ConfigError('dreambooth_diffusion needs model= (a local pipeline directory, a model config dict '
+                              'or a back-end module)')
+        _import_custom(kwargs.get('custom_imports'))  # they may register the back-end the model config names
+        if image_interpolation_mode is not None:
+            check_interpolation(image_interpolation_mode)
         if any(key not in _TRAINER_ARGS for key in kwargs):  # a clear error naming the argument
             check_call_arguments(Trainer.__init__, {'model': model, **kwargs}, what='dreambooth_diffusion')
         if 'loss_fn' in kwargs:
@@ -245,6 +310,9 @@ class DreamBoothDiffusionTrainer(Trainer):
         if isinstance(seed, int) and not isinstance(seed, bool):
             seed_everything(seed)  # as the base Trainer does before it builds a model
         model = build_model(model)
+        # The RNG as it is after the model (and LoRA's random initialisation), as diffusers'
+        # script leaves it: the Trainer seeds again when it starts; this state is put back after.
+        after_model = _rng_states() if isinstance(seed, int) and not isinstance(seed, bool) else None
         for needed in ('generate', 'save_sample', 'save_pretrained', 'vae_scale_factor'):
             if not hasattr(model, needed):
                 raise ConfigError(f'dreambooth_diffusion: the model {type(model).__name__} has no {needed!r}; '
@@ -267,7 +335,8 @@ class DreamBoothDiffusionTrainer(Trainer):
         self.resolution, self.sample_batch_size = resolution, sample_batch_size
         self.dreambooth_dataset = DreamBoothDataset(
             instance_samples, instance_prompt, self.class_data_dir, class_prompt, self.num_class_images,
-            resolution, getattr(model, 'sample_channels', 3), center_crop=center_crop, random_flip=random_flip)
+            resolution, getattr(model, 'sample_channels', 3), center_crop=center_crop, random_flip=random_flip,
+            interpolation=image_interpolation_mode or self.default_interpolation(model))
         self._prepare_model(model, kwargs, pre_compute_text_embeddings)
 
         loader = dict(batch_size=1, shuffle=True)
@@ -297,6 +366,8 @@ class DreamBoothDiffusionTrainer(Trainer):
                                                 'Fp16OptimizerHook'):
                 optimizer_config.setdefault('grad_clip', dict(max_norm=max_grad_norm))
             kwargs['optimizer_config'] = optimizer_config
+        if not given_checkpoint_config and 'checkpoint_config' not in kwargs:  # diffusers: every 500 steps
+            kwargs['checkpoint_config'] = dict(interval=DEFAULT_CHECKPOINT_INTERVAL, by_epoch=False)
         if isinstance(kwargs.get('checkpoint_config'), Mapping):
             kwargs['checkpoint_config'] = {'save_frozen': False, **kwargs['checkpoint_config']}
         optimizer = kwargs.get('optimizer')
@@ -316,6 +387,19 @@ class DreamBoothDiffusionTrainer(Trainer):
             kwargs['optimizer'] = optimizer
         super().__init__(model, train_dataloader=loader, custom_hooks=custom_hooks,
                          loss_fn=PriorPreservationLoss(prior_loss_weight, with_prior_preservation), **kwargs)
+        if after_model is not None:
+            _set_rng_states(after_model)
+        sampler = getattr(self.train_dataloader, 'batch_sampler', None)
+        if isinstance(sampler, ResumableBatchSampler):
+            # torch's DataLoader draws its base seed from the global RNG at each epoch and a
+            # shuffling RandomSampler one more (diffusers' script runs on those): do the same.
+            sampler.global_rng_draws = 2 if sampler.shuffle else 1
+
+    @staticmethod
+    def default_interpolation(model):
+        """diffusers' default resize filter: lanczos in the LoRA script, bilinear in the
+        full fine-tuning one (``train_dreambooth.py``)."""
+        return 'lanczos' if getattr(model, 'lora', None) is not None else 'bilinear'
 
     def _prepare_model(self, model, kwargs, pre_compute_text_embeddings):
         """Memory options that change the built model: frozen weights in the training
@@ -332,6 +416,9 @@ class DreamBoothDiffusionTrainer(Trainer):
 
     def train(self):
         """Generate the missing class samples, then train as any Trainer does."""
+        summary = getattr(self.model, 'training_summary', None)
+        if summary:
+            self.logger.info('dreambooth_diffusion trains: %s', summary)
         self.generate_class_images()
         return super().train()
 

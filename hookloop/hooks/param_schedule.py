@@ -112,8 +112,9 @@ class ParamScheduleHook(Hook):
         by_epoch: the schedule advances per epoch (else per iteration).
         warmup: ``None``, ``'constant'``, ``'linear'`` or ``'exp'``.
         warmup_iters: how long warm-up lasts, in iterations (in epochs with ``warmup_by_epoch``).
-        warmup_ratio: in (0, 1]; warm-up starts at ``ratio`` times the regular learning rate
-            (momentum: divided by it).
+        warmup_ratio: in (0, 1] (for a linear LR warm-up [0, 1]: 0 starts from 0, as
+            diffusers' schedulers); warm-up starts at ``ratio`` times the regular learning
+            rate (momentum: divided by it).
         warmup_by_epoch: count ``warmup_iters`` in epochs (converted with the loader's length).
     """
 
@@ -134,7 +135,10 @@ class ParamScheduleHook(Hook):
                 raise ConfigError(f'{owner}: warmup must be None or one of {", ".join(map(repr, WARMUP_KINDS))}, '
                                   f'got {warmup!r}')
             check_number(owner, 'warmup_iters', warmup_iters, low=0, low_open=True, integer=True)
-            check_number(owner, 'warmup_ratio', warmup_ratio, low=0, high=1, low_open=True)
+            # A linear LR warm-up may start from 0 (diffusers' warm-up); a ratio that divides
+            # (momentum) or is a power base (exp) may not.
+            from_zero = warmup == 'linear' and self.VALUE_NAME == 'lr'
+            check_number(owner, 'warmup_ratio', warmup_ratio, low=0, high=1, low_open=not from_zero)
         self.by_epoch = by_epoch
         self.warmup = warmup
         self.warmup_ratio = warmup_ratio
