@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
+from hookloop.checkpoint import checksum_path
 from hookloop.errors import ConfigError, HookloopError
 from hookloop.work_dir_lock import LOCK_NAME, WorkDirLock
 
@@ -143,7 +144,7 @@ def test_walk_back_follows_no_symlink_into_another_run(tmp_path):
     train(make_trainer(work_dir, hooks=[StopAt(1)]))  # run/iter_2.pth
     os.symlink('../other/iter_4.pth', work_dir / 'iter_9.pth')
     import shutil
-    shutil.copy(tmp_path / 'other' / 'iter_4.pth.sha256', work_dir / 'iter_9.pth.sha256')  # a valid sidecar
+    shutil.copy(checksum_path(str(tmp_path / 'other' / 'iter_4.pth')), checksum_path(str(work_dir / 'iter_9.pth')))  # a valid sidecar
     (work_dir / 'iter_2.pth').write_bytes(b'')  # the run's own latest is damaged: walk back
     os.remove(work_dir / 'last_checkpoint')
     from hookloop.errors import CheckpointError
@@ -160,5 +161,5 @@ def test_a_damaged_checkpoint_is_renamed_aside_before_the_resumed_run_reuses_its
     resumed = train(make_trainer(work_dir, resume_from='auto'))
     assert resumed.resumed_from == str(work_dir / 'iter_2.pth')
     assert (work_dir / 'iter_4.pth.damaged').read_bytes() == damaged  # the evidence, byte for byte
-    assert (work_dir / 'iter_4.pth.damaged.sha256').exists()
+    assert os.path.exists(checksum_path(str(work_dir / 'iter_4.pth.damaged')))
     assert (work_dir / 'iter_4.pth').read_bytes() != damaged  # the resumed run wrote its own iter_4
