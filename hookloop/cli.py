@@ -38,12 +38,12 @@ def hooks_of_config(path, cfg_options=None):
 
     from .errors import ConfigError
     from .hook_list import HookList
-    from .compat.mmcv_config import needs_translation, translate
+    from .compat.mmcv_config import is_mmcv_config, needs_translation, translate
     from .trainer import Trainer
     cfg = load_with_options(path, cfg_options)
     cfg.pop('trainer', None)
     from .compat import modelscope
-    if modelscope.looks_like_modelscope(cfg):  # a configuration.json: its hooks under hookloop's names
+    if modelscope.looks_like_modelscope(cfg) and not is_mmcv_config(cfg):  # as build_trainer decides  # a configuration.json: its hooks under hookloop's names
         cfg = modelscope.translate(cfg)
     if needs_translation(cfg):  # MMCV 1.x keys (runner=, data=, fp16=, ...): the names a Trainer takes
         cfg, _ = translate(cfg, Trainer, build_data=False)
