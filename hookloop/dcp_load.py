@@ -23,7 +23,7 @@ import stat
 
 import torch
 
-from .dcp_metadata import METADATA_FILE, index_key, read_dcp_metadata
+from .dcp_metadata import index_key, read_dcp_metadata
 from .errors import CheckpointError
 
 MAX_BYTES_ITEM = 1 << 20  # a non-tensor value (an optimizer's lr, betas, ...) is a few kB pickled
@@ -211,8 +211,8 @@ def _load_tensor(data, fqn, path):
     try:
         tensor = torch.load(io.BytesIO(data), map_location='cpu', weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged or rigged slice
-        raise CheckpointError(f'sharded checkpoint {path!r}: {fqn!r} cannot be read as a tensor '
-                              f'({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})') from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f'sharded checkpoint {path!r}: {fqn!r} cannot be read as a tensor ({first})') from None
     if not isinstance(tensor, torch.Tensor):
         raise CheckpointError(f'sharded checkpoint {path!r}: {fqn!r} holds a {type(tensor).__name__}, not a tensor')
     return tensor

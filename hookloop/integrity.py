@@ -33,8 +33,8 @@ def missing(path, what):
     if unverified_allowed():
         warnings.warn(f'{path}: {what}; resuming without an integrity check ({SWITCH} is set)', stacklevel=3)
         return
-    raise UnverifiedCheckpointError(f'{path!r} has no valid checksum ({what}): it cannot be checked for damage. A checkpoint '
-                          f'from an older hookloop can be resumed with {SWITCH}=1')
+    raise UnverifiedCheckpointError(f'{path!r} has no valid checksum ({what}): it cannot be checked for damage. '
+                                    f'A checkpoint from an older hookloop can be resumed with {SWITCH}=1')
 
 
 def sidecar_state(sidecar):

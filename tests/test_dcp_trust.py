@@ -111,7 +111,7 @@ def rig_bytes_item(path, marker, key='optimizer.param_groups.0.lr'):
     rewrite_metadata(path, edit)
 
 
-def run_all_ways(config, tmp_path, rigged, monkeypatch, capsys):
+def run_all_ways(config, tmp_path, rigged, capsys):
     """--resume DIR (the CLI), pointer + --resume auto, EMAHook(resume_from=DIR): each one
     clear line, exit status 1, nothing trained."""
     lines = []
@@ -149,7 +149,7 @@ def test_a_pickle_in_a_bytes_item_runs_no_code_any_way(config, tmp_path, monkeyp
     else:  # no shards.sha256 at all: the switch for old checkpoints lets it through to the loader
         os.remove(rigged / SHARD_CHECKSUMS)
         monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')
-    lines = run_all_ways(config, tmp_path, rigged, monkeypatch, capsys)
+    lines = run_all_ways(config, tmp_path, rigged, capsys)
     assert not marker.exists()
     for line in lines:
         assert 'optimizer.param_groups.0.lr' in line and 'not a plain value' in line, line
@@ -158,7 +158,8 @@ def test_a_pickle_in_a_bytes_item_runs_no_code_any_way(config, tmp_path, monkeyp
 def test_without_the_manifest_a_sharded_dir_is_refused_unless_switched(config, tmp_path, monkeypatch):
     path = write_sharded(config, tmp_path)
     os.remove(path / SHARD_CHECKSUMS)
-    with pytest.raises(CheckpointError, match='no valid checksum.*shards.sha256 is missing.*HOOKLOOP_ALLOW_UNVERIFIED=1'):
+    with pytest.raises(CheckpointError,
+                       match='no valid checksum.*shards.sha256 is missing.*HOOKLOOP_ALLOW_UNVERIFIED=1'):
         verify_sharded(str(path))
     monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')
     with pytest.warns(UserWarning, match='without an integrity check'):
@@ -438,7 +439,7 @@ def test_fuzz_build_states_on_allowed_classes_change_no_process_state(tmp_path):
                             b'N}X' + len(key).to_bytes(4, 'little') + key + b'K\x01s\x86'])  # (None, {key: 1})
         data = head + state + b'b.'
         try:
-            RestrictedMetadataUnpickler_load(data)
+            read_metadata_bytes(data)
         except CheckpointError as exc:
             assert '\n' not in str(exc)
         except Exception as exc:  # noqa: BLE001
@@ -447,7 +448,7 @@ def test_fuzz_build_states_on_allowed_classes_change_no_process_state(tmp_path):
     assert before == after and repr(torch.float32) == float32_repr
 
 
-def RestrictedMetadataUnpickler_load(data):
+def read_metadata_bytes(data):
     """As read_dcp_metadata: the restricted unpickler, then anything that fails is one line."""
     import tempfile
     with tempfile.TemporaryDirectory() as d:
