@@ -122,8 +122,8 @@ class ModelScopeCheckpointHook(CheckpointHook):
         if self.best is None:
             return
 
-        def write(path):
-            self._write(trainer, path, update_last=False)
+        def write(path, on_disk):
+            self._write(trainer, path, update_last=False, on_disk=on_disk)
             self._export(trainer, self.best_output_dir)
         self.best.update(trainer, self.directory, filename, write)
 
