@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from hookloop import Hook
 from hookloop.registry import DATASETS, MODELS
 
 
@@ -51,6 +52,31 @@ class DropoutRegressor(nn.Module):
         if y is None:
             return prediction
         return nn.functional.mse_loss(prediction, y)
+
+
+class StopAt(Hook):
+    """Requests a stop after iteration ``at`` (0-based), as a preemption would."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def after_train_iter(self, trainer):
+        if trainer.iter == self.at:
+            trainer.request_stop('test')
+
+
+class RecordIds(Hook):
+    """Per iteration: (epoch, iter, lr of group 0, the batch's sample ids), for data sets whose
+    third field is the sample index."""
+
+    PRIORITY = 'LOWEST'
+
+    def __init__(self):
+        self.seen = []
+
+    def before_train_iter(self, trainer):
+        self.seen.append((trainer.epoch, trainer.iter, trainer.optimizer.param_groups[0]['lr'],
+                          trainer.data_batch[2].tolist()))
 
 
 def assert_states_equal(a, b):

@@ -10,7 +10,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import train_and_close as train
-from hookloop import Hook, Trainer
+from resume_helpers import RecordIds as Record
+from resume_helpers import StopAt
+from hookloop import Trainer
 from hookloop.errors import ConfigError
 
 N = 40
@@ -30,28 +32,6 @@ class IdModel(nn.Module):
 
     def forward(self, x, y, index):
         return nn.functional.mse_loss(self.net(x), y)
-
-
-class Record(Hook):
-    """Per iteration: (epoch, iter, lr of group 0, the batch's sample ids)."""
-
-    PRIORITY = 'LOWEST'
-
-    def __init__(self):
-        self.seen = []
-
-    def before_train_iter(self, trainer):
-        self.seen.append((trainer.epoch, trainer.iter, trainer.optimizer.param_groups[0]['lr'],
-                          trainer.data_batch[2].tolist()))
-
-
-class StopAt(Hook):
-    def __init__(self, at):
-        self.at = at
-
-    def after_train_iter(self, trainer):
-        if trainer.iter == self.at:
-            trainer.request_stop('test')
 
 
 def make(work_dir, batch_size, hooks=(), by_epoch=False, **kwargs):

@@ -7,18 +7,10 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
-from hookloop import Hook, Trainer
+from resume_helpers import StopAt
+from hookloop import Trainer
 from hookloop.errors import ConfigError
 from hookloop.resume_changes import config_differences
-
-
-class StopAt(Hook):
-    def __init__(self, at):
-        self.at = at
-
-    def after_train_iter(self, trainer):
-        if trainer.iter == self.at:
-            trainer.request_stop('test')
 
 
 def make_trainer(work_dir, lr=0.05, epochs=2, batch_size=8, hooks=(), **kwargs):

@@ -9,16 +9,8 @@ from torch.utils.data import DataLoader
 
 from conftest import regression_data
 from conftest import train_and_close as train
+from resume_helpers import StopAt
 from hookloop import Hook, Trainer
-
-
-class StopAt(Hook):
-    def __init__(self, at):
-        self.at = at
-
-    def after_train_iter(self, trainer):
-        if trainer.iter == self.at:
-            trainer.request_stop('test')
 
 
 class DropoutNet(nn.Module):

@@ -13,10 +13,11 @@ import hookloop.trainer
 from conftest import train_and_close
 from hookloop import ConfigError, Hook, HOOKS
 from hookloop.hooks import NEVER, CheckpointHook, EMAHook, EvaluationHook, TextLoggerHook
-from hookloop.hooks.lr_updater import CosineAnnealingLrUpdaterHook, FixedLrUpdaterHook, StepLrUpdaterHook
+from hookloop.hooks.lr_updater import FixedLrUpdaterHook, StepLrUpdaterHook
 from hookloop.hooks.momentum_updater import MomentumUpdaterHook
 from hookloop.hooks.optimizer import OptimizerHook, OptimizerProcessor
 from test_iteration_schedule import make  # 40 samples, batch 4: 10 iterations per epoch
+from test_schedule_property import YOLOXLike
 
 LR = 0.05  # make()'s SGD learning rate
 
@@ -114,26 +115,8 @@ def test_an_optimizer_processor_subclass_overriding_before_forward_is_called_eve
 
 # -- 3. MMCV's LR / momentum extension points ----------------------------------------------------------
 @HOOKS.register_module(force=True)
-class YOLOXLikeLrUpdaterHook(CosineAnnealingLrUpdaterHook):
-    """mmdet's YOLOX hook, reduced: a squared warm-up from the *base* lr (``get_warmup_lr``), a
-    flat tail (``get_lr``); its own argument, the rest through two levels of **kwargs."""
-
-    def __init__(self, num_last_epochs, **kwargs):
-        self.num_last_epochs = num_last_epochs
-        super().__init__(**kwargs)
-
-    def get_warmup_lr(self, cur_iters):
-        k = self.warmup_ratio * pow((cur_iters + 1) / float(self.warmup_iters), 2)
-        return [lr * k for lr in self.base_lr]
-
-    def get_lr(self, trainer, base_lr):
-        last = trainer.epoch_length * self.num_last_epochs
-        target = base_lr * self.min_lr_ratio
-        progress = trainer.iter + 1
-        if progress >= trainer.max_iters - last:
-            return target
-        ratio = (progress - self.warmup_iters) / (trainer.max_iters - self.warmup_iters - last)
-        return target + 0.5 * (base_lr - target) * (math.cos(math.pi * ratio) + 1)
+class YOLOXLikeLrUpdaterHook(YOLOXLike):
+    """mmdet's YOLOX hook, reduced (test_schedule_property's), registered so a config can name it."""
 
 
 def test_an_lr_subclass_overriding_get_warmup_lr_and_get_lr_gets_mmcv_values(tmp_path):
