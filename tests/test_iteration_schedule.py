@@ -70,30 +70,38 @@ def test_a_resumed_run_asks_again_from_where_it_resumes(tmp_path):
     assert [it for _, it in log] == [10, 15]  # iterations 7.. of 20: the multiples of 5 among them
 
 
+class Sleeper(Hook):
+    """Never due by its schedule: it runs only when woken. Appends the iterations it ran at."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def next_call(self, trainer, stage, start):
+        return NEVER
+
+    def after_train_iter(self, trainer):
+        self.log.append(trainer.iter)
+
+
+class Waker(Hook):
+    """Wakes ``sleeper`` at the given iterations."""
+
+    def __init__(self, sleeper, at):
+        self.sleeper, self.at = sleeper, at
+
+    def after_train_iter(self, trainer):
+        if trainer.iter in self.at:
+            trainer.wake(self.sleeper)
+
+
 def test_wake_calls_a_sleeping_hook_at_the_next_iteration(tmp_path):
     log = []
-
-    class Sleeper(Hook):
-        def next_call(self, trainer, stage, start):
-            return NEVER
-
-        def after_train_iter(self, trainer):
-            log.append(trainer.iter)
-
-    class Waker(Hook):
-        def __init__(self, sleeper):
-            self.sleeper = sleeper
-
-        def after_train_iter(self, trainer):
-            if trainer.iter in (4, 11):
-                trainer.wake(self.sleeper)
-
     for sleeper_priority in ('HIGHEST', 'LOW'):  # before or after the waker: the next iteration either way
         log.clear()
-        sleeper = Sleeper()
+        sleeper = Sleeper(log)
         trainer = make(tmp_path / sleeper_priority)
         trainer.register_hook(sleeper, priority=sleeper_priority)
-        trainer.register_hook(Waker(sleeper), priority='NORMAL')
+        trainer.register_hook(Waker(sleeper, (4, 11)), priority='NORMAL')
         train_and_close(trainer)
         assert log == [5, 12], sleeper_priority
 

@@ -16,7 +16,7 @@ from hookloop.hooks import NEVER, CheckpointHook, EMAHook, EvaluationHook, TextL
 from hookloop.hooks.lr_updater import FixedLrUpdaterHook, StepLrUpdaterHook
 from hookloop.hooks.momentum_updater import MomentumUpdaterHook
 from hookloop.hooks.optimizer import OptimizerHook, OptimizerProcessor
-from test_iteration_schedule import make  # 40 samples, batch 4: 10 iterations per epoch
+from test_iteration_schedule import Sleeper, Waker, make  # make: 40 samples, batch 4: 10 iterations per epoch
 from test_schedule_property import YOLOXLike
 
 LR = 0.05  # make()'s SGD learning rate
@@ -281,26 +281,11 @@ def test_a_call_at_one_iteration_stage_asks_the_other_again(tmp_path):
 # -- 5. a wake at an epoch's last iteration ------------------------------------------------------------
 def test_a_wake_at_an_epochs_last_iteration_is_not_lost(tmp_path):
     log = []
-
-    class Sleeper(Hook):
-        def next_call(self, trainer, stage, start):
-            return NEVER
-
-        def after_train_iter(self, trainer):
-            log.append(trainer.iter)
-
-    class Waker(Hook):
-        def __init__(self, sleeper):
-            self.sleeper = sleeper
-
-        def after_train_iter(self, trainer):
-            if trainer.iter == 9:  # the first epoch's last iteration, after the sleeper's turn
-                trainer.wake(self.sleeper)
-
-    sleeper = Sleeper()
+    sleeper = Sleeper(log)
     trainer = make(tmp_path)
     trainer.register_hook(sleeper, priority='HIGHEST')
-    trainer.register_hook(Waker(sleeper), priority='NORMAL')
+    # the first epoch's last iteration, after the sleeper's turn
+    trainer.register_hook(Waker(sleeper, (9,)), priority='NORMAL')
     train_and_close(trainer)
     assert log == [10]
 
