@@ -55,13 +55,15 @@ class DropoutRegressor(nn.Module):
 
 
 class StopAt(Hook):
-    """Requests a stop after iteration ``at`` (0-based), as a preemption would."""
+    """Requests a stop after iteration ``at`` (0-based), as a preemption would; once (a resumed
+    run that passes ``at`` again goes on)."""
 
     def __init__(self, at):
-        self.at = at
+        self.at, self.done = at, False
 
     def after_train_iter(self, trainer):
-        if trainer.iter == self.at:
+        if trainer.iter == self.at and not self.done:
+            self.done = True
             trainer.request_stop('test')
 
 

@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
+from resume_helpers import StopAt
 from hookloop import Hook, Trainer
 from hookloop.hooks import (NEVER, CheckInvalidLossHook, CheckpointHook, EMAHook, EvaluationHook,
                             TextLoggerHook)
@@ -278,16 +279,6 @@ class LrSeen(Hook):
 
     def before_train_iter(self, trainer):
         self.lrs[trainer.iter] = trainer.optimizer.param_groups[0]['lr']
-
-
-class StopAt(Hook):
-    def __init__(self, at):
-        self.at, self.done = at, False
-
-    def after_train_iter(self, trainer):
-        if trainer.iter == self.at and not self.done:
-            self.done = True
-            trainer.request_stop('property test')
 
 
 def run(case, work_dir, stop=True, resume_from=None):

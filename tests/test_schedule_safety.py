@@ -11,6 +11,7 @@ import torch
 
 import hookloop.trainer
 from conftest import train_and_close
+from resume_helpers import StopAt
 from hookloop import ConfigError, Hook, HOOKS
 from hookloop.hooks import NEVER, CheckpointHook, EMAHook, EvaluationHook, TextLoggerHook
 from hookloop.hooks.lr_updater import FixedLrUpdaterHook, StepLrUpdaterHook
@@ -32,18 +33,6 @@ class LrSeen(Hook):
     def before_train_iter(self, trainer):
         self.lrs.append(trainer.optimizer.param_groups[0]['lr'])
         self.momenta.append(trainer.optimizer.param_groups[0]['momentum'])
-
-
-class StopAt(Hook):
-    """Asks for a stop after iteration ``at`` (once)."""
-
-    def __init__(self, at):
-        self.at, self.done = at, False
-
-    def after_train_iter(self, trainer):
-        if trainer.iter == self.at and not self.done:
-            self.done = True
-            trainer.request_stop('test')
 
 
 # -- 1. a built-in hook's subclass that adds MMCV's generic stages ---------------------------------

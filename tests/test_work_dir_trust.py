@@ -8,6 +8,7 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
+from resume_helpers import StopAt
 from hookloop import Hook, Trainer
 from hookloop.checkpoint import checksum_path
 from hookloop.errors import ConfigError, HookloopError
@@ -128,15 +129,6 @@ def test_a_url_work_dir_with_dot_dot_never_reaches_another_runs_keys(tmp_path, m
 
 
 # -- 7. the walk-back stays in the work dir and keeps the evidence ------------------------------
-
-class StopAt(Hook):
-    def __init__(self, at):
-        self.at = at
-
-    def after_train_iter(self, trainer):
-        if trainer.iter == self.at:
-            trainer.request_stop(f'test stop at {self.at}')
-
 
 def test_walk_back_follows_no_symlink_into_another_run(tmp_path):
     train(make_trainer(tmp_path / 'other', epochs=1, hooks=[StopAt(4)]))  # other/iter_4.pth
