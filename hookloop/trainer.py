@@ -792,10 +792,8 @@ class Trainer(MMCVRunnerAttributes):
                          self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
             if asynchronous:
                 self._checkpoint_writer.defer(on_disk)
-            elif on_disk is not None:
-                on_disk()
-            return path
-        if self.rank == 0:
+                return path
+        elif self.rank == 0:
             self._lock.check()  # the lock file deleted or replaced: another run may own the dir now
             storage.makedirs(storage.dirname(path))
             pointer_dir = self.storage_dir if update_last else None
