@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from hookloop import Hook, Trainer
-from hookloop.checkpoint import load_checkpoint, save_checkpoint
+from hookloop.checkpoint.format import load_checkpoint, save_checkpoint
 
 
 class Tokens(Dataset):
@@ -68,7 +68,7 @@ class StopAtFirstIteration(Hook):
 def time_integrity(size_mb, repeats, directory):
     """Median seconds of (hookloop save, torch.save + fsync, verified load, torch.load)."""
     try:
-        from hookloop.hashing import default_algorithm
+        from hookloop.fileio.hashing import default_algorithm
     except ImportError:  # before issue 26: SHA-256, in a separate read
         default_algorithm = lambda: 'sha256'  # noqa: E731
     generator = torch.Generator().manual_seed(0)

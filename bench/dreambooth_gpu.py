@@ -82,7 +82,7 @@ def run(pretrained, precision, args, work):
     finally:
         trainer.close()
     from diffusers import StableDiffusionPipeline
-    from hookloop.checkpoint import read_pointer
+    from hookloop.checkpoint.format import read_pointer
     checkpoint_mib = os.path.getsize(read_pointer(os.path.join(work, precision))) / 2 ** 20
     saved = os.path.join(work, precision, 'pipeline')
     if lora:

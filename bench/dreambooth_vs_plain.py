@@ -60,7 +60,7 @@ def plain_diffusers_step_loop(pretrained, steps, resolution, lora_rank, lr=1e-4,
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel, CLIPTokenizer
     import torch.nn.functional as F
-    from hookloop.data import seed_everything
+    from hookloop.data.resumable import seed_everything
     seed_everything(seed)
     tokenizer = CLIPTokenizer.from_pretrained(pretrained, subfolder='tokenizer')
     text_encoder = CLIPTextModel.from_pretrained(pretrained, subfolder='text_encoder')

@@ -1,4 +1,4 @@
-"""The cost of the finite-state check per save (hookloop/finite_state.py): a ~100 MB model
+"""The cost of the finite-state check per save (hookloop/checkpoint/finite_state.py): a ~100 MB model
 (25 M float32 parameters in 50 tensors) with SGD momentum (another 100 MB of optimizer state),
 median of 5. ``--device cuda`` measures it on a GPU (one sync per save).
 
@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from hookloop.finite_state import check_finite_state
+from hookloop.checkpoint.finite_state import check_finite_state
 
 
 def main():

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checkpoint_timing import time_stall  # noqa: E402
 
-from hookloop.checkpoint import load_checkpoint  # noqa: E402
+from hookloop.checkpoint.format import load_checkpoint  # noqa: E402
 
 
 def main():

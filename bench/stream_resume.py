@@ -18,7 +18,7 @@ import warnings
 import torch
 from torch.utils.data import IterableDataset
 
-from hookloop.train_stream import TrainStream
+from hookloop.data.train_stream import TrainStream
 
 
 class Stateless(IterableDataset):

@@ -9,16 +9,16 @@ __version__ = '0.1.0'
 
 # public name -> the submodule that defines it
 _PUBLIC = {
-    'auto_fp16': 'amp', 'force_fp32': 'amp',
-    'Config': 'config', 'load_config': 'config', 'seed_everything': 'data',
+    'auto_fp16': 'optim.amp', 'force_fp32': 'optim.amp',
+    'Config': 'config', 'load_config': 'config', 'seed_everything': 'data.resumable',
     'CheckpointError': 'errors', 'ConfigError': 'errors', 'DataError': 'errors', 'HookloopError': 'errors',
     'InvalidLossError': 'errors',
-    'Accuracy': 'evaluation', 'TorchMetricEvaluator': 'evaluation',
+    'Accuracy': 'engine.evaluator', 'TorchMetricEvaluator': 'engine.evaluator',
     'Hook': 'hooks',
     'Priority': 'priority', 'get_priority': 'priority',
     'DATASETS': 'registry', 'HOOKS': 'registry', 'METRICS': 'registry', 'MODELS': 'registry',
     'OPTIMIZERS': 'registry', 'TRAINERS': 'registry', 'Registry': 'registry',
-    'Trainer': 'trainer', 'build_trainer': 'trainer',
+    'Trainer': 'engine.trainer', 'build_trainer': 'engine.trainer',
 }
 
 __all__ = ['__version__', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_priority', 'Registry', 'HOOKS',
@@ -31,7 +31,7 @@ def __getattr__(name):
     if name in _PUBLIC:
         value = getattr(importlib.import_module(f'{__name__}.{_PUBLIC[name]}'), name)
     else:
-        try:  # a submodule: hookloop.hooks, hookloop.checkpoint, ...
+        try:  # a submodule: hookloop.hooks, hookloop.compat, ...
             value = importlib.import_module(f'{__name__}.{name}')
         except ModuleNotFoundError as exc:
             if exc.name != f'{__name__}.{name}':

@@ -10,7 +10,7 @@ from .errors import HookloopError
 
 def load_with_options(path, cfg_options=None):
     """The config dict of a file, with ``--cfg-options`` applied."""
-    from .config import load_config, parse_options, set_dotted
+    from .config.loader import load_config, parse_options, set_dotted
     cfg = load_config(path)
     for dotted, value in parse_options(cfg_options).items():
         set_dotted(cfg, dotted, value)
@@ -19,7 +19,7 @@ def load_with_options(path, cfg_options=None):
 
 def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **overrides):
     """The trainer a config file describes, after overrides."""
-    from .trainer import build_trainer
+    from .engine.trainer import build_trainer
     cfg = load_with_options(path, cfg_options)
     if work_dir is not None:
         cfg['work_dir'] = work_dir
@@ -37,9 +37,9 @@ def hooks_of_config(path, cfg_options=None):
     import importlib
 
     from .errors import ConfigError
-    from .hook_list import HookList
+    from .engine.hook_list import HookList
     from .compat.mmcv_config import is_mmcv_config, needs_translation, translate
-    from .trainer import Trainer
+    from .engine.trainer import Trainer
     cfg = load_with_options(path, cfg_options)
     cfg.pop('trainer', None)
     from .compat import modelscope

@@ -198,7 +198,7 @@ def _context():
     if _CONTEXT is None:
         import multiprocessing
         _CONTEXT = multiprocessing.get_context('forkserver')
-        _CONTEXT.set_forkserver_preload(['torch', 'torch._dynamo', 'hookloop.trainer', 'resume_helpers'])
+        _CONTEXT.set_forkserver_preload(['torch', 'torch._dynamo', 'hookloop.engine.trainer', 'resume_helpers'])
     return _CONTEXT
 
 

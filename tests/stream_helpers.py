@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset
 
-from hookloop.hf_dataset import HFDataset
+from hookloop.data.hf_dataset import HFDataset
 from hookloop.registry import DATASETS, MODELS
 
 

@@ -6,7 +6,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hookloop import ConfigError, Hook, Trainer
-from hookloop.amp import auto_fp16, cast_tensor_type, force_fp32
+from hookloop.optim.amp import auto_fp16, cast_tensor_type, force_fp32
 from conftest import Regressor, regression_data
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import hookloop.checkpoint as ckpt_module
+import hookloop.checkpoint.format as ckpt_module
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
-from hookloop.async_checkpoint import AsyncCheckpointWriter
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.async_writer import AsyncCheckpointWriter
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import CheckpointError
 from resume_helpers import assert_states_equal
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from hookloop.checkpoint import POINTER_NAME, checksum_path, load_checkpoint, save_checkpoint
+from hookloop.checkpoint.format import POINTER_NAME, checksum_path, load_checkpoint, save_checkpoint
 from hookloop.cli import main
 
 BASE = """

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import hookloop.checkpoint as ckpt_module
+import hookloop.checkpoint.format as ckpt_module
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer, save_checkpoint, update_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer, save_checkpoint, update_pointer
 from hookloop.errors import CheckpointError, ConfigError
 from hookloop.hooks import CheckpointHook
 from resume_helpers import assert_states_equal

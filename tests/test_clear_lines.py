@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Trainer
-from hookloop.checkpoint import save_checkpoint
+from hookloop.checkpoint.format import save_checkpoint
 from hookloop.errors import CheckpointError, ConfigError
 
 
@@ -23,7 +23,7 @@ def make_trainer(work_dir, model=None, optimizer=None, **kwargs):
 
 
 def test_eio_on_the_directory_fsync_does_not_claim_the_previous_file_is_kept(tmp_path, monkeypatch):
-    import hookloop.checkpoint as checkpoint
+    import hookloop.checkpoint.format as checkpoint
     path = tmp_path / 'c.pth'
     save_checkpoint({'a': 1}, str(path))
     real_fsync = os.fsync
@@ -108,7 +108,7 @@ def test_a_full_disk_says_no_space_left(tmp_path, monkeypatch):
 # -- item 9: silent surprises get a warning ------------------------------------------------------
 
 def test_a_checkpoint_without_rng_resumes_with_a_warning(tmp_path, capsys):
-    from hookloop.checkpoint import load_checkpoint
+    from hookloop.checkpoint.format import load_checkpoint
     train(make_trainer(tmp_path / 'src'))
     checkpoint = load_checkpoint(str(tmp_path / 'src' / 'epoch_1.pth'))
     del checkpoint['rng']

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Trainer
-from hookloop.checkpoint import load_checkpoint
+from hookloop.checkpoint.format import load_checkpoint
 from hookloop.errors import ConfigError
 
 CXX = os.environ.get('CXX') or shutil.which('g++') or shutil.which('c++') or shutil.which('clang++')

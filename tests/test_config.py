@@ -3,7 +3,7 @@ import json
 import pytest
 
 from hookloop import Config, ConfigError, load_config
-from hookloop.config import parse_options, set_dotted
+from hookloop.config.loader import parse_options, set_dotted
 
 
 def write(path, text):

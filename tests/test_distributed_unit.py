@@ -9,10 +9,10 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from hookloop import Trainer
-from hookloop import dist
-from hookloop.data import ResumableBatchSampler
+from hookloop.dist import process_group as dist
+from hookloop.data.resumable import ResumableBatchSampler
 from hookloop.errors import ConfigError
-from hookloop.evaluation import real_samples, take_first
+from hookloop.engine.evaluator import real_samples, take_first
 from hookloop.hooks.base import Hook
 
 pytestmark = pytest.mark.skipif(not (torch_dist.is_available() and torch_dist.is_gloo_available()),
@@ -149,7 +149,7 @@ def test_user_made_group_is_left_alone(tmp_path, no_torchrun_env):
 
 def test_fsdp_refuses_a_built_optimizer(tmp_path, torchrun_env):
     pytest.importorskip('torch.distributed.fsdp', reason='no FSDP')
-    from hookloop.fsdp import fsdp2_available
+    from hookloop.dist.fsdp import fsdp2_available
     if not fsdp2_available():
         pytest.skip('this torch has no FSDP2')
     torch.manual_seed(0)
@@ -181,8 +181,8 @@ def test_real_samples_and_take_first():
 def test_sharded_directory_is_for_resume_only(tmp_path, no_torchrun_env):
     """A sharded checkpoint is a directory with hookloop.pth inside: accepted by
     resume_from (checked when training starts), refused by load_from up front."""
-    from hookloop.checkpoint import CheckpointError
-    from hookloop.fsdp import is_sharded_checkpoint
+    from hookloop.checkpoint.format import CheckpointError
+    from hookloop.dist.fsdp import is_sharded_checkpoint
     shard_dir = tmp_path / 'iter_6.pth'
     shard_dir.mkdir()
     assert not is_sharded_checkpoint(str(shard_dir))
@@ -197,7 +197,7 @@ def test_fsdp_save_inside_an_accumulation_window_is_refused(tmp_path, torchrun_e
     """FSDP2 reduce-scatters each backward: gradients accumulated so far cannot be restored
     from a sharded checkpoint, so saving mid-window is refused, naming the fix."""
     from hookloop.errors import CheckpointError
-    from hookloop.fsdp import fsdp2_available
+    from hookloop.dist.fsdp import fsdp2_available
     if not fsdp2_available():
         pytest.skip('this torch has no FSDP2 (fully_shard)')
     t = trainer(tmp_path, strategy='fsdp', optimizer_config=dict(cumulative_iters=2),

@@ -9,7 +9,7 @@ import torch
 
 from conftest import train_and_close as train
 from hookloop import CheckpointError, ConfigError, Hook, build_trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.registry import HOOKS
 
 pytest.importorskip('diffusers')

@@ -12,7 +12,7 @@ import torch
 from conftest import train_and_close as train
 from dreambooth_helpers import dreambooth
 from hookloop import ConfigError, build_trainer
-from hookloop.data import ResumableBatchSampler
+from hookloop.data.resumable import ResumableBatchSampler
 from hookloop.dreambooth.dataset import (INTERPOLATION_MODES, center_crop_box, image_to_tensor, random_crop_box,
                                          resized_size)
 

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from hookloop import Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import InvalidLossError
 from hookloop.hooks.finite_loss import non_finite_losses
 

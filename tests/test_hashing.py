@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from hookloop import checkpoint as ckpt
-from hookloop import hashing
-from hookloop.checkpoint import checksum_path, load_checkpoint, save_checkpoint, verify_checksum
+from hookloop.checkpoint import format as ckpt
+from hookloop.fileio import hashing
+from hookloop.checkpoint.format import checksum_path, load_checkpoint, save_checkpoint, verify_checksum
 from hookloop.errors import CheckpointError
 
 ALGORITHMS = ['sha256'] + (['xxh128'] if hashing.available('xxh128') else [])

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data, train_and_close
 from hookloop import ConfigError, Hook, Trainer, auto_fp16, force_fp32
-from hookloop.evaluation import take_first
+from hookloop.engine.evaluator import take_first
 from hookloop.hooks import CheckInvalidLossHook, EMAHook
 from hookloop.hooks.timer import IterTimerHook
 

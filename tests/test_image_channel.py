@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hookloop import Hook
-from hookloop.images import as_uint8_hwc, publish_images
+from hookloop.logging.images import as_uint8_hwc, publish_images
 from log_utils import make_trainer, run
 
 STEPS = (5, 10)

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data, train_and_close
 from hookloop import ConfigError, Hook, Trainer
 from hookloop.hooks import NEVER, CheckpointHook, TextLoggerHook
-from hookloop.iteration_calls import IterationStage
+from hookloop.engine.iteration_calls import IterationStage
 
 
 def make(work_dir, epochs=2, batch_size=4, **kwargs):

@@ -2,7 +2,7 @@
 import io
 import logging
 
-from hookloop.log import close_logger, create_logger, info_line, start_log_file
+from hookloop.logging.logger import close_logger, create_logger, info_line, start_log_file
 
 
 def make(tmp_path, level='INFO'):

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from hookloop import schedules
+from hookloop.optim import schedules
 
 
 def test_annealing_endpoints_and_restart_weight():

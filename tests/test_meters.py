@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from hookloop.meters import MeterBuffer
+from hookloop.logging.meters import MeterBuffer
 
 
 def test_summary_gives_interval_mean_and_latest():
@@ -75,7 +75,7 @@ def test_clear_forgets_values():
 
 DIST_SCRIPT = '''
 import torch, torch.distributed as dist
-from hookloop.meters import MeterBuffer
+from hookloop.logging.meters import MeterBuffer
 dist.init_process_group('gloo')
 rank = dist.get_rank()
 meters = MeterBuffer()

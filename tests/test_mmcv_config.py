@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hookloop.cli import main
-from hookloop.config import load_config, parse_options, set_dotted
+from hookloop.config.loader import load_config, parse_options, set_dotted
 
 RUNTIME = """
 checkpoint_config = dict(interval=1)
@@ -175,7 +175,7 @@ def test_auto_scale_lr_scales_like_mmdet(tmp_path):
     runtime = RUNTIME.replace('enable=False', 'enable=True')
     cfg = load_config(write_configs(tmp_path, runtime=runtime))
     from hookloop.compat.mmcv_config import translate
-    from hookloop.trainer import Trainer
+    from hookloop.engine.trainer import Trainer
     kwargs, notes = translate(cfg, Trainer)
     assert kwargs['optimizer']['lr'] == pytest.approx(0.1 * 8 / 16)  # 1 GPU x 8 samples vs base 16
     assert kwargs['train_dataloader']['batch_size'] == 8 and kwargs['val_dataloader']['batch_size'] == 16

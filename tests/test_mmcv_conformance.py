@@ -9,8 +9,8 @@ from conftest import Regressor, regression_data
 
 from hookloop import ConfigError, Hook, Trainer
 from hookloop.cli import main
-from hookloop.config import load_config
-from hookloop.trainer import build_trainer
+from hookloop.config.loader import load_config
+from hookloop.engine.trainer import build_trainer
 
 
 class LrRecorder(Hook):
@@ -162,7 +162,7 @@ def test_top_level_lr_is_an_error_with_did_you_mean(tmp_path):
 
 # -- finding 11: save_best rules as MMCV's EvalHook, and the config's keys
 def test_save_best_rules_follow_mmcv_and_the_configs_keys():
-    from hookloop.best_checkpoint import infer_rule
+    from hookloop.checkpoint.best import infer_rule
     from hookloop.hooks import EvaluationHook
     assert EvaluationHook(save_best='AP').best.rule == 'greater'  # mmpose's key
     assert EvaluationHook(save_best='AR@100').best.rule == 'greater'
@@ -179,7 +179,7 @@ def test_save_best_rules_follow_mmcv_and_the_configs_keys():
 # -- finding 3: constructor subclasses take their own paramwise_cfg keys
 def test_optimizer_constructor_subclass_takes_its_own_paramwise_keys():
     from hookloop.errors import ConfigTypeError
-    from hookloop.optim_constructor import OPTIMIZER_CONSTRUCTORS, DefaultOptimizerConstructor, build_optimizer
+    from hookloop.optim.constructor import OPTIMIZER_CONSTRUCTORS, DefaultOptimizerConstructor, build_optimizer
 
     @OPTIMIZER_CONSTRUCTORS.register_module(force=True)
     class LayerDecayConstructor(DefaultOptimizerConstructor):  # as mmseg's layer-decay constructors
@@ -282,7 +282,7 @@ def test_mmcv_names_import():
 
 # -- finding 10: checkpoints keep what MMCV keeps
 def test_checkpoints_keep_metadata_classes_and_tuples(tmp_path):
-    from hookloop.checkpoint import load_checkpoint as load_file
+    from hookloop.checkpoint.format import load_checkpoint as load_file
     from hookloop.compat.mmcv import load_checkpoint, save_checkpoint
 
     class Detector(torch.nn.Module):

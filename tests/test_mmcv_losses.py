@@ -4,7 +4,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hookloop import Trainer
-from hookloop.model_step import sum_loss_terms
+from hookloop.engine.model_step import sum_loss_terms
 
 from conftest import regression_data, train_and_close
 

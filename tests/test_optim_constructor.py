@@ -4,8 +4,8 @@ import torch
 from torch import nn
 
 from hookloop import ConfigError
-from hookloop.builder import build_optimizer
-from hookloop.optim_constructor import OPTIMIZER_CONSTRUCTORS, DefaultOptimizerConstructor, OptimizerDict
+from hookloop.engine.builder import build_optimizer
+from hookloop.optim.constructor import OPTIMIZER_CONSTRUCTORS, DefaultOptimizerConstructor, OptimizerDict
 
 
 class Net(nn.Module):

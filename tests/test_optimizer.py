@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from hookloop import ConfigError, Hook, Trainer
-from hookloop.checkpoint import load_checkpoint
+from hookloop.checkpoint.format import load_checkpoint
 from hookloop.hooks.optimizer import OptimizerHook, OptimizerProcessor, accumulation_window
 from conftest import Regressor, regression_data
 

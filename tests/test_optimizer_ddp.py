@@ -90,7 +90,7 @@ def test_ddp_invalid_loss_on_one_rank_drops_the_window_on_all(tmp_path):
 def test_ddp_resume_inside_accumulation_window_matches_uninterrupted_run(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD_SIZE, join=True)
     results = [torch.load(tmp_path / f'rank{r}.pt') for r in range(WORLD_SIZE)]
-    from hookloop.checkpoint import load_checkpoint
+    from hookloop.checkpoint.format import load_checkpoint
     grads = load_checkpoint(str(tmp_path / 'a' / 'mid.pth'))['hooks']['OptimizerHook']['grads']
     assert all(g is not None for g in grads)
     for result in results:

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from hookloop import Hook, Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import ConfigError
 from hookloop.hooks import PreemptionHook
 from resume_helpers import (ForkedRun, assert_states_equal, comparable, kill_leftovers, launch, reference_run,

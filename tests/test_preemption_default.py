@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from hookloop import Hook, Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from resume_helpers import ROOT, _context, _run_cli, assert_states_equal, kill_leftovers
 
 EXAMPLE = os.path.join(ROOT, 'configs', 'digits_mlp.py')

@@ -4,11 +4,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import hookloop.trainer as trainer_module
+import hookloop.engine.trainer as trainer_module
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Trainer
-from hookloop.prefetch import DevicePrefetcher, uses_prefetch
+from hookloop.data.prefetch import DevicePrefetcher, uses_prefetch
 
 
 class StatefulLoader(DataLoader):

@@ -1,7 +1,7 @@
 import time
 
 from hookloop import Hook
-from hookloop.profiling import format_timing_table, timing_rows
+from hookloop.logging.profiling import format_timing_table, timing_rows
 from log_utils import json_records, make_trainer, run
 
 

@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from conftest import train_and_close
 from hookloop import Trainer
-from hookloop.data import ResumableBatchSampler
+from hookloop.data.resumable import ResumableBatchSampler
 from resume_helpers import AugmentedRegression, DropoutRegressor, assert_states_equal
 
 ITERS_PER_EPOCH = 5  # 40 samples, batch 8

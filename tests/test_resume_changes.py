@@ -10,7 +10,7 @@ from conftest import train_and_close as train
 from resume_helpers import StopAt
 from hookloop import Trainer
 from hookloop.errors import ConfigError
-from hookloop.resume_changes import config_differences
+from hookloop.checkpoint.resume_changes import config_differences
 
 
 def make_trainer(work_dir, lr=0.05, epochs=2, batch_size=8, hooks=(), **kwargs):

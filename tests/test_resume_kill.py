@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from resume_helpers import ForkedRun, assert_states_equal, comparable, kill_leftovers, reference_run, write_config
 
 

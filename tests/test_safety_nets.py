@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import hookloop.checkpoint as ckpt_module
+import hookloop.checkpoint.format as ckpt_module
 from conftest import Regressor, regression_data
 from hookloop import Hook, Trainer
-from hookloop.async_checkpoint import AsyncCheckpointWriter
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.async_writer import AsyncCheckpointWriter
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import CheckpointError, InvalidLossError
-from hookloop.finite_state import check_finite_state, is_finite, non_finite_entries
+from hookloop.checkpoint.finite_state import check_finite_state, is_finite, non_finite_entries
 
 
 class Faulty(Regressor):

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import hookloop.checkpoint as ckpt_module
+import hookloop.checkpoint.format as ckpt_module
 from hookloop import Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import InvalidLossError
-from hookloop.finite_state import non_finite_entries
+from hookloop.checkpoint.finite_state import non_finite_entries
 
 CASES = 200
 KINDS = ('none', 'loss_nan', 'loss_inf', 'grad_nan', 'fp16_burst', 'fp16_dead')

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-import hookloop.trainer
+import hookloop.engine.trainer
 from conftest import train_and_close
 from resume_helpers import StopAt
 from hookloop import ConfigError, Hook, HOOKS
@@ -348,7 +348,7 @@ def test_a_new_hook_that_reuses_a_freed_hooks_id_is_set_up(tmp_path, monkeypatch
     trainer.train()
     second = EMAHook()
     real_id = id
-    monkeypatch.setattr(hookloop.trainer, 'id', lambda obj: real_id(first) if obj is second else real_id(obj),
+    monkeypatch.setattr(hookloop.engine.trainer, 'id', lambda obj: real_id(first) if obj is second else real_id(obj),
                         raising=False)
     trainer.register_hook(second)
     train_and_close(trainer)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from resume_helpers import ForkedRun, assert_states_equal, kill_leftovers
 from stream_helpers import write_json_lines
 from test_resume_kill import wait_for

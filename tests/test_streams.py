@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 import hookloop
 from hookloop import Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import CheckpointError, ConfigError, DataError
 
 
@@ -269,7 +269,7 @@ class XYModel(Regressor):
 
 def test_hf_map_style_dataset_uses_hookloops_resumable_sampler(tmp_path):
     datasets = pytest.importorskip('datasets')
-    from hookloop.data import ResumableBatchSampler
+    from hookloop.data.resumable import ResumableBatchSampler
     rows = {'x': [[float(i), 1.0, 0.5] for i in range(10)], 'id': list(range(10))}
     dataset = datasets.Dataset.from_dict(rows).with_format('torch')
     trainer = Trainer(XYModel(), optimizer=dict(type='SGD', lr=0.01),

@@ -8,8 +8,8 @@ from torch import nn
 
 from conftest import train_and_close as train
 from hookloop import CheckpointError, Trainer
-from hookloop.checkpoint import load_checkpoint, read_pointer
-from hookloop.trained_state import frozen_fingerprint, trained_keys
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
+from hookloop.checkpoint.trained_state import frozen_fingerprint, trained_keys
 
 
 class FrozenBackboneModel(nn.Module):

@@ -109,7 +109,7 @@ def test_bad_configs_are_one_line_errors(tmp_path):
 
 
 def test_failed_write_reported_by_torch_as_runtime_error_is_a_checkpoint_error(tmp_path, monkeypatch):
-    from hookloop import checkpoint as checkpoint_module
+    from hookloop.checkpoint import format as checkpoint_module
 
     def broken_save(obj, file):
         raise RuntimeError('PytorchStreamWriter failed writing file data/0: file write failed')
@@ -120,7 +120,7 @@ def test_failed_write_reported_by_torch_as_runtime_error_is_a_checkpoint_error(t
 
 
 def test_remove_checkpoint_handles_sharded_directories(tmp_path):
-    from hookloop.checkpoint import remove_checkpoint
+    from hookloop.checkpoint.format import remove_checkpoint
     shard_dir = tmp_path / 'iter_4.pth'
     shard_dir.mkdir()
     (shard_dir / '__0_0.distcp').write_bytes(b'x')

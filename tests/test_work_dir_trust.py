@@ -10,9 +10,9 @@ from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from resume_helpers import StopAt
 from hookloop import Hook, Trainer
-from hookloop.checkpoint import checksum_path
+from hookloop.checkpoint.format import checksum_path
 from hookloop.errors import ConfigError, HookloopError
-from hookloop.work_dir_lock import LOCK_NAME, WorkDirLock
+from hookloop.fileio.work_dir_lock import LOCK_NAME, WorkDirLock
 
 
 def make_trainer(work_dir, hooks=(), epochs=2, **kwargs):
@@ -86,7 +86,7 @@ def test_a_run_whose_lock_was_deleted_stops_before_its_next_checkpoint(tmp_path)
 
 
 def test_url_mirrors_live_in_a_private_directory(tmp_path):
-    from hookloop import storage
+    from hookloop.fileio import storage
     mirror = storage.local_mirror('memory://bucket/run')
     parent = os.path.dirname(mirror)
     info = os.lstat(parent)
@@ -121,7 +121,7 @@ def test_a_url_work_dir_with_dot_dot_never_reaches_another_runs_keys(tmp_path, m
         make_trainer('memory://hookloop-i20/x/../run', resume_from='auto')
     assert sorted(memory_fs.find('/hookloop-i20/run')) == before
     memory_fs.pipe_file('/hookloop-i20/a/last_checkpoint', b'../run/iter_2.pth')
-    from hookloop.checkpoint import read_pointer
+    from hookloop.checkpoint.format import read_pointer
     from hookloop.errors import CheckpointError
     with pytest.raises(CheckpointError, match='segments: refusing it'):
         read_pointer('memory://hookloop-i20/a')

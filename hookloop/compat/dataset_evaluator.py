@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..dist import all_gather_objects, get_world_size
+from ..dist.process_group import all_gather_objects, get_world_size
 from ..errors import ConfigError
 
 

@@ -5,7 +5,7 @@ logs the ``log_vars`` it returns, averaged with ``num_samples`` as weights.
 """
 import torch
 
-from ..dist import all_gather_objects
+from ..dist.process_group import all_gather_objects
 
 
 class LogVarsEvaluator:

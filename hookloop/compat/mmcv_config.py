@@ -324,7 +324,7 @@ def _data(cfg, problems):
         if isinstance(dataset, (list, tuple)):  # MMCV concatenates a list of datasets
             from torch.utils.data import ConcatDataset
 
-            from ..builder import build_dataset
+            from ..engine.builder import build_dataset
             dataset = ConcatDataset([build_dataset(d) for d in dataset])
         cfg[target] = _loader(dataset, options, shuffle)
     cfg['_samples_per_gpu'] = data.get('samples_per_gpu')
@@ -415,7 +415,7 @@ def _evaluation(cfg, problems, notes, iter_based, build_data=True):
         return
     if not build_data:
         return
-    from ..builder import build_dataset
+    from ..engine.builder import build_dataset
     from .dataset_evaluator import DatasetEvaluator
     try:
         dataset = build_dataset(loader['dataset'])  # built once: the loader and the evaluator share it

@@ -15,7 +15,7 @@ refused in one line that names every such piece.
 import copy
 from collections.abc import Mapping
 
-from ..config import Config, load_config
+from ..config.loader import Config, load_config
 from ..errors import ConfigError
 from .modelscope_train import checkpoint_args, evaluation_hook, follow_work_dir, logger_hook, merged_hooks
 
@@ -103,7 +103,7 @@ def _is_stream(dataset):
         kind = dataset.get('type')
         kind = DATASETS.get(kind) if isinstance(kind, str) and kind in DATASETS else kind
         return isinstance(kind, type) and issubclass(kind, IterableDataset)
-    from ..hf_dataset import is_hf_iterable
+    from ..data.hf_dataset import is_hf_iterable
     return isinstance(dataset, IterableDataset) or is_hf_iterable(dataset)
 
 
@@ -344,7 +344,7 @@ def _refuse_unknown(args):
     here rather than ignored (the Trainer's own arguments, ``work_dir``, ``seed``, ... pass)."""
     import inspect
 
-    from ..trainer import Trainer
+    from ..engine.trainer import Trainer
     known = set(inspect.signature(Trainer.__init__).parameters) - {'self', 'mmcv_keys'}
     unknown = sorted(name for name in args if name not in known)
     if unknown:

@@ -23,11 +23,11 @@ from collections import OrderedDict
 
 import torch
 
-from .. import storage
-from ..best_checkpoint import BestCheckpoint
-from ..checkpoint import atomic_write
+from ..fileio import storage
+from ..checkpoint.best import BestCheckpoint
+from ..checkpoint.format import atomic_write
 from ..errors import ConfigError
-from ..fsdp import is_sharded_model
+from ..dist.fsdp import is_sharded_model
 from ..hooks.checkpoint import CheckpointHook
 from ..hooks.loggers.tensorboard import TensorboardLoggerHook
 from ..hooks.loggers.text import TextLoggerHook

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 
 import torch
 
-from ..dist import all_reduce_numbers
+from ..dist.process_group import all_reduce_numbers
 from ..errors import ConfigError
-from ..evaluation import build_evaluator
+from ..engine.evaluator import build_evaluator
 from ..registry import METRICS
 
 
@@ -103,7 +103,7 @@ class MacroScore:
         self.target.append(torch.as_tensor(_targets(batch)).reshape(-1).detach())
 
     def compute(self):
-        from ..dist import all_gather_objects
+        from ..dist.process_group import all_gather_objects
         predicted = torch.cat(self.predicted).cpu() if self.predicted else torch.zeros(0, dtype=torch.long)
         target = torch.cat(self.target).cpu() if self.target else torch.zeros(0, dtype=torch.long)
         pairs = all_gather_objects((predicted.tolist(), target.tolist()))

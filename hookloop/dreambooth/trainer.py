@@ -1,6 +1,6 @@
 """The ``dreambooth_diffusion`` trainer: DreamBooth fine-tuning (Ruiz et al., 2022).
 
-It is a :class:`~hookloop.trainer.Trainer` that builds the instance/class dataset,
+It is a :class:`~hookloop.engine.trainer.Trainer` that builds the instance/class dataset,
 generates the missing class samples with the frozen model before the run, sets the
 two-term loss, and turns DreamBooth's options (LoRA, text-encoder training, validation
 images, memory options) into model arguments, optimizer groups and stock hook settings.
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..builder import build_dataset, build_model
-from ..data import ResumableBatchSampler, mix_seed, seed_everything
-from ..dist import is_distributed
+from ..engine.builder import build_dataset, build_model
+from ..data.resumable import ResumableBatchSampler, mix_seed, seed_everything
+from ..dist.process_group import is_distributed
 from ..errors import ConfigError
 from ..registry import MODELS, OPTIMIZERS, TRAINERS, check_call_arguments
-from ..trainer import Trainer
+from ..engine.trainer import Trainer
 from .dataset import DreamBoothDataset, check_interpolation, collate_dreambooth, list_samples
 from .flags import DEFAULT_CHECKPOINT_INTERVAL, take_diffusers_flags, with_foreign_flags
 from .loss import PriorPreservationLoss
@@ -228,7 +228,7 @@ class DreamBoothDiffusionTrainer(Trainer):
         use_8bit_adam: use ``bitsandbytes.optim.AdamW8bit``.
         train_dataloader: loader options such as ``dict(batch_size=2, num_workers=2)``; the
             dataset and collate function are the trainer's (default ``batch_size=1, shuffle=True``).
-        **kwargs: every other :class:`~hookloop.trainer.Trainer` argument (``optimizer``,
+        **kwargs: every other :class:`~hookloop.engine.trainer.Trainer` argument (``optimizer``,
             ``max_iters``, ``optimizer_config=dict(precision='fp16')``, ``checkpoint_config``,
             ``resume_from``, ...). ``loss_fn`` is the trainer's own and may not be given.
             ``checkpoint_config`` defaults to ``save_frozen=False`` (only what trains is saved),

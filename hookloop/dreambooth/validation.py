@@ -4,7 +4,7 @@ It is a validation loop like any other: the trainer's ``val_dataloader`` yields 
 ``{'prompts', 'seeds', 'num_inference_steps', 'guidance_scale'}``, the back-end's forward
 generates one image per prompt from its own seeded generator, and
 :class:`ValidationImagesHook` saves the PNGs under ``<work_dir>/validation/iter_<n>/`` and
-publishes them to the logger hooks (:func:`hookloop.images.publish_images`). Because it is a
+publishes them to the logger hooks (:func:`hookloop.logging.images.publish_images`). Because it is a
 validation loop, an ``EMAHook(swap=True)`` swaps the averaged weights in for it; generation
 draws only from its own generators (and runs under ``torch.random.fork_rng``), so the
 training RNG stream is the same with and without validation images.
@@ -15,10 +15,10 @@ import re
 import torch
 from torch.utils.data import Dataset
 
-from ..dist import is_distributed
+from ..dist.process_group import is_distributed
 from ..errors import ConfigError
 from ..hooks.base import Hook
-from ..images import as_uint8_hwc, publish_images
+from ..logging.images import as_uint8_hwc, publish_images
 from ..priority import Priority
 from ..registry import HOOKS
 

@@ -1,9 +1,9 @@
 """CheckpointHook: saves checkpoints on an interval, keeps the newest few and the best one."""
 import os
 
-from .. import storage
-from ..best_checkpoint import BestCheckpoint
-from ..checkpoint import inside, read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
+from ..fileio import storage
+from ..checkpoint.best import BestCheckpoint
+from ..checkpoint.format import inside, read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
@@ -46,7 +46,7 @@ class CheckpointHook(Hook):
             the buffers of their modules and of modules in training mode) plus a fingerprint
             of the frozen rest; a resume
             takes the frozen rest from the model as built and refuses one whose frozen weights
-            differ (``hookloop.trained_state``). Optimizer, schedule, RNG and hook states are
+            differ (``hookloop.checkpoint.trained_state``). Optimizer, schedule, RNG and hook states are
             saved as always.
     """
 

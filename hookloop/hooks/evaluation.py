@@ -1,5 +1,5 @@
 """EvaluationHook: runs the validation loop on an interval."""
-from ..best_checkpoint import BestCheckpoint
+from ..checkpoint.best import BestCheckpoint
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS

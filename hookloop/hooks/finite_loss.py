@@ -15,7 +15,7 @@ So it costs no host sync on other iterations, and is not even called there: it l
 new summary as a meter listener (``MeterBuffer.add_listener``) and, when one holds a bad loss,
 has itself called at the next iteration (``Trainer.wake``). A registered ``CheckInvalidLossHook`` (same
 role, per-step policies ``raise``/``skip``/``rollback``) replaces it; the checkpoints stay
-protected either way (``hookloop/finite_state.py``: no checkpoint with a non-finite state).
+protected either way (``hookloop/checkpoint/finite_state.py``: no checkpoint with a non-finite state).
 
 With fp16 loss scaling (``trainer.step.loss_scaling``) a non-finite loss is not a failure:
 the GradScaler skips that step and lowers the scale, as a plain AMP loop does. A dead run is:

@@ -2,7 +2,7 @@
 
 Configure with ``lr_config=dict(policy='Step', step=[8, 11], warmup='linear', warmup_iters=500)``
 or ``custom_hooks=[dict(type='StepLrUpdaterHook', ...)]``. The math lives in
-``hookloop.schedules``; these classes check arguments and pick the progress counter. The
+``hookloop.optim.schedules``; these classes check arguments and pick the progress counter. The
 policies momentum has too (Step, CosineAnnealing, LinearAnnealing, Cyclic, OneCycle) keep
 their checks and values in mixins in ``param_schedule``, shared with the momentum hooks.
 See ``docs/schedules.md`` for every policy and MMCV's surprising corners.
@@ -10,7 +10,7 @@ See ``docs/schedules.md`` for every policy and MMCV's surprising corners.
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .. import schedules
+from ..optim import schedules
 from .param_schedule import (AnnealingPolicy, CosineAnnealingPolicy, CyclicPolicy, LinearAnnealingPolicy,
                              OneCyclePolicy, ParamScheduleHook, StepPolicy, check_number, check_number_or_list,
                              per_group)
@@ -21,7 +21,7 @@ class LrUpdaterHook(ParamScheduleHook):
 
     The base learning rate of a group is its ``initial_lr`` (set from ``lr`` when absent,
     as torch's schedulers do). Warm-up multiplies the regular learning rate by a factor
-    rising to 1 (see :func:`hookloop.schedules.warmup_factor`). Arguments: see
+    rising to 1 (see :func:`hookloop.optim.schedules.warmup_factor`). Arguments: see
     :class:`~hookloop.hooks.param_schedule.ParamScheduleHook`.
     """
 

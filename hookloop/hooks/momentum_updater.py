@@ -8,7 +8,7 @@ Warm-up *divides* the regular momentum by the warm-up factor, so it starts highe
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from .. import schedules
+from ..optim import schedules
 from .param_schedule import (CosineAnnealingPolicy, CyclicPolicy, LinearAnnealingPolicy, OneCyclePolicy,
                              ParamScheduleHook, StepPolicy, check_number_or_list, per_group)
 

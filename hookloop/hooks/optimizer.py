@@ -16,7 +16,7 @@ A hook that wants this iteration's update dropped (``CheckInvalidLossHook``) cal
 belongs to ends without a step (gradients of the window are discarded), like a ``GradScaler``
 step with inf/NaN gradients. The trainer clears the decision before every iteration.
 
-What this hook publishes (``hookloop/step.py``): ``trainer.step.accumulation`` (hence
+What this hook publishes (``hookloop/engine/step.py``): ``trainer.step.accumulation`` (hence
 ``trainer.step.window``) and ``trainer.step.val_forward_context`` at set-up,
 ``trainer.step.forward_context`` at set-up or, when it changes along a window (DDP's
 ``no_sync``), at each ``before_train_iter``; otherwise that stage is never called.
@@ -29,12 +29,12 @@ from collections.abc import Mapping
 
 import torch
 
-from ..amp import autocast_factory, build_grad_scaler, check_loss_scale, check_precision, mmcv_fp16_modules, \
+from ..optim.amp import autocast_factory, build_grad_scaler, check_loss_scale, check_precision, mmcv_fp16_modules, \
     scale_tensor
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from ..step import accumulation_window
+from ..engine.step import accumulation_window
 from .base import NEVER, Hook
 from .blind_spots import schedule_blind_spots
 

@@ -16,8 +16,8 @@ import inspect
 import numbers
 
 from ..errors import ConfigError
-from .. import schedules
-from ..schedules import WARMUP_KINDS
+from ..optim import schedules
+from ..optim.schedules import WARMUP_KINDS
 from .base import NEVER, Hook
 
 

@@ -13,7 +13,7 @@ class IterTimerHook(Hook):
     device sync, and no call at each iteration.
 
     The meters ask for the values when they are read (a meter source, see
-    :mod:`hookloop.meters`): each iteration since the previous read gets the mean of that
+    :mod:`hookloop.logging.meters`): each iteration since the previous read gets the mean of that
     stretch, so a logger's average over its interval is exact; ``latest`` is the mean of the
     last stretch.
 

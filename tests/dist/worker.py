@@ -164,7 +164,7 @@ def run_main(out, rank, world):
     trainer.train()
     result['weights'] = weights(trainer.model)
     result['accuracy'] = trainer.val()['accuracy']
-    from hookloop.evaluation import FunctionEvaluator
+    from hookloop.engine.evaluator import FunctionEvaluator
     trainer.val_evaluator = FunctionEvaluator(mean_ce)
     result['ce'] = trainer.val()['ce']
     try:
@@ -172,7 +172,7 @@ def run_main(out, rank, world):
     except ImportError:
         pass
     else:  # syncs its own state across ranks; the trainer still drops the padding
-        from hookloop.evaluation import TorchMetricEvaluator
+        from hookloop.engine.evaluator import TorchMetricEvaluator
         trainer.val_evaluator = TorchMetricEvaluator(MulticlassAccuracy(num_classes=3, average='micro'),
                                                      pred_key='logits', name='tm_accuracy')
         result['tm_accuracy'] = trainer.val()['tm_accuracy']

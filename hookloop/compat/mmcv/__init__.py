@@ -30,20 +30,20 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn import SyncBatchNorm
 
-from ...amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
-from ...checkpoint import load_checkpoint as _load_file, save_checkpoint as _save_file
-from ...dist import get_rank, get_world_size, init_distributed
+from ...optim.amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
+from ...checkpoint.format import load_checkpoint as _load_file, save_checkpoint as _save_file
+from ...dist.process_group import get_rank, get_world_size, init_distributed
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import (CheckpointHook, EMAHook, Hook, IterTimerHook, LoggerHook, TensorboardLoggerHook,
                       TextLoggerHook)
 from ...hooks import optimizer as _optimizer_hooks
 from ...hooks import lr_updater, momentum_updater
-from ...optim_constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
+from ...optim.constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
     build_optimizers
 from ...priority import Priority, get_priority
 from ...registry import HOOKS, OPTIMIZERS, Registry
-from ...schedules import annealing_cos, annealing_linear
-from ...trainer import plain
+from ...optim.schedules import annealing_cos, annealing_linear
+from ...engine.trainer import plain
 from ..mmcv_runner import model_meta, revise_state_keys
 from .eval_hook import DistEvalHook, EvalHook
 from .runner import (LATEST_LINK, RUNNERS, BaseRunner, EpochBasedRunner, IterBasedRunner, build_runner,  # noqa: F401

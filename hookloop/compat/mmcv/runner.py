@@ -11,7 +11,7 @@ from torch.nn.parallel import DataParallel, DistributedDataParallel
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import EvaluationHook
 from ...registry import Registry
-from ...trainer import Trainer, plain
+from ...engine.trainer import Trainer, plain
 from ..log_vars_evaluator import LogVarsEvaluator
 from ..mmcv_config import iter_based_defaults
 

@@ -1,6 +1,6 @@
 """LoggerHook: when to log and what one log event holds; subclasses say where it goes.
 
-Every logger hook reads the shared :class:`~hookloop.meters.MeterBuffer`
+Every logger hook reads the shared :class:`~hookloop.logging.meters.MeterBuffer`
 (``trainer.meters``) and averages over its own interval. All ranks compute the
 summary (it may all-reduce across ranks); only rank 0 writes.
 """
@@ -8,7 +8,7 @@ summary (it may all-reduce across ranks); only rank 0 writes.
 import torch
 
 from ...errors import ConfigError
-from ...paths import ensure_writable_dir
+from ...fileio.paths import ensure_writable_dir
 from ...priority import Priority
 from ..base import Hook
 
@@ -85,7 +85,7 @@ class LoggerHook(Hook):
     with ``mode`` ('train' or 'val'), ``epoch`` (1-based), ``iter`` (the step), for
     'train' ``inner_iter`` when ``by_epoch``, then the metrics as floats.
 
-    Images come through :func:`hookloop.images.publish_images`, which calls
+    Images come through :func:`hookloop.logging.images.publish_images`, which calls
     ``write_images``; a subclass with an image API implements ``log_images(trainer, tag,
     images, step)`` (``images``: a list of ``(H, W, 3)`` uint8 arrays).
     """
@@ -189,7 +189,7 @@ class LoggerHook(Hook):
                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
     def write_images(self, trainer, tag, images, step):
-        """The image channel's entry (see :mod:`hookloop.images`): rank 0, while open."""
+        """The image channel's entry (see :mod:`hookloop.logging.images`): rank 0, while open."""
         if self._opened:
             self.log_images(trainer, tag, images, step)
 

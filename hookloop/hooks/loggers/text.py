@@ -5,7 +5,7 @@ import os
 import shutil
 import time
 
-from ...log import info_line
+from ...logging.logger import info_line
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir
 

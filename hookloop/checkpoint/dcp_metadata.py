@@ -1,0 +1,203 @@
+"""Reading a sharded checkpoint's ``.metadata`` without running code from it.
+
+torch.distributed.checkpoint writes ``.metadata`` with ``pickle`` and its
+``FileSystemReader`` reads it back with plain ``pickle.load``: a rigged file runs
+whatever it names. Here the unpickler admits only the classes DCP itself writes there
+(its metadata dataclasses, ``torch.Size``, dtypes, layouts, memory formats, paths);
+any other global is refused with a CheckpointError naming the file and the global.
+
+Allowed classes can still be abused, so the unpickler (Python's pure-Python one, whose
+opcodes can be checked one by one) also refuses:
+
+* ``BUILD`` on anything but a fresh instance of DCP's metadata dataclasses, with only their
+  field names: no attribute is set on a class, an enum member or a dtype (process-wide state);
+* dictionary keys and set members other than strings, bools, small integers and ``None``
+  (and DCP's ``MetadataIndex``, whose hash is taken over a string): keys whose hashes an
+  attacker can make collide would turn a small file into minutes of work;
+* files that are not regular files (``/dev/zero``, FIFOs, symlinks) or larger than
+  :data:`MAX_METADATA_BYTES`.
+"""
+import io
+import os
+import pickle
+import stat
+
+import torch
+
+from ..errors import CheckpointError
+
+METADATA_FILE = '.metadata'
+MAX_METADATA_BYTES = 256 << 20
+_SMALL_INT = 1 << 60  # |x| below this: hash(x) == x, no two such keys collide (but -1/-2)
+
+_DCP_METADATA_CLASSES = ('Metadata', 'TensorStorageMetadata', 'TensorProperties', 'ChunkStorageMetadata',
+                         'BytesStorageMetadata', 'MetadataIndex', 'StorageMeta', '_MEM_FORMAT_ENCODING')
+
+# module -> names that may appear as globals in a DCP ``.metadata``. Each is a data class,
+# an enum or a constructor of plain values: none reads, writes or runs anything.
+_ALLOWED = {
+    'torch.distributed.checkpoint.metadata': set(_DCP_METADATA_CLASSES),
+    'torch.distributed.checkpoint.filesystem': {'_StorageInfo'},
+    'torch.serialization': {'_get_layout'},  # maps a layout's name to the torch.layout object
+    'torch': {'Size'},
+    'pathlib': {'PosixPath', 'PurePosixPath', 'WindowsPath', 'PureWindowsPath', 'Path'},
+    'collections': {'OrderedDict'},
+    'builtins': {'set', 'frozenset', 'slice', 'complex'},
+}
+
+
+def _is_torch_constant(module, name):
+    """dtypes (``torch.float32``), layouts and memory formats are pickled by name."""
+    if module != 'torch' or name.startswith('_'):
+        return False
+    value = getattr(torch, name, None)
+    return isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
+
+
+def _safe_index_class():
+    """DCP's ``MetadataIndex`` with a hash over a string (randomised per process, so an
+    attacker cannot make keys collide); equal to the original field for field."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+
+    class SafeMetadataIndex(MetadataIndex):
+        def __hash__(self):
+            return hash(index_key(self.fqn, self.offset))
+
+    SafeMetadataIndex.__module__ = MetadataIndex.__module__
+    return SafeMetadataIndex
+
+
+def index_key(fqn, offset):
+    """A string naming a storage entry: what ``storage_data`` is looked up by."""
+    return f'{fqn}\0{None if offset is None else tuple(int(x) for x in offset)}'
+
+
+def _build_targets():
+    from torch.distributed.checkpoint import metadata as md
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    return (md.Metadata, md.TensorStorageMetadata, md.TensorProperties, md.ChunkStorageMetadata,
+            md.BytesStorageMetadata, md.MetadataIndex, md.StorageMeta, _StorageInfo)
+
+
+class RestrictedMetadataUnpickler(pickle._Unpickler):  # the Python implementation: its opcodes can be checked
+    """A ``pickle.Unpickler`` whose ``find_class`` admits only ``_ALLOWED`` globals and whose
+    ``BUILD``, ``SETITEM(S)``, ``ADDITEMS``, ``FROZENSET`` and ``REDUCE`` are checked."""
+
+    def __init__(self, file, source):
+        super().__init__(file)
+        self.source = source
+        self._index_class = _safe_index_class()
+        self._targets = _build_targets()
+        dispatch = dict(pickle._Unpickler.dispatch)
+        dispatch[pickle.BUILD[0]] = RestrictedMetadataUnpickler._load_build
+        dispatch[pickle.SETITEM[0]] = RestrictedMetadataUnpickler._load_setitem
+        dispatch[pickle.SETITEMS[0]] = RestrictedMetadataUnpickler._load_setitems
+        dispatch[pickle.ADDITEMS[0]] = RestrictedMetadataUnpickler._load_additems
+        dispatch[pickle.FROZENSET[0]] = RestrictedMetadataUnpickler._load_frozenset
+        dispatch[pickle.REDUCE[0]] = RestrictedMetadataUnpickler._load_reduce
+        self.dispatch = dispatch
+
+    def refuse(self, why):
+        raise CheckpointError(f'refusing to load {self.source!r}: {why}')
+
+    def find_class(self, module, name):
+        if module == 'torch.distributed.checkpoint.metadata' and name == 'MetadataIndex':
+            return self._index_class
+        if name in _ALLOWED.get(module, ()) or _is_torch_constant(module, name):
+            return super().find_class(module, name)
+        self.refuse(f'it references {module}.{name}, which is not part of torch.distributed.checkpoint '
+                    'metadata (loading it could run code)')
+
+    def _check_keys(self, keys):
+        for key in keys:
+            if key is None or isinstance(key, (str, bool, self._index_class)):
+                continue
+            if type(key) is int and -_SMALL_INT < key < _SMALL_INT:
+                continue
+            self.refuse(f'it uses a {type(key).__name__} as a dictionary key or set member '
+                        '(not something torch.distributed.checkpoint writes)')
+
+    def _load_build(self):
+        state, inst = self.stack[-1], self.stack[-2]
+        if isinstance(inst, type) or type(inst) not in self._targets and not isinstance(inst, self._index_class):
+            self.refuse(f'it sets the state of a {type(inst).__name__} object (only metadata records may be built)')
+        fields = set(getattr(type(inst), '__dataclass_fields__', ()))
+        slots = state[1] if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) else None
+        names = state if isinstance(state, dict) else (slots if slots is not None and state[0] is None else None)
+        if names is not None:
+            self._check_keys(names)
+            if not set(names) <= fields:
+                self.refuse(f'it sets {sorted(map(str, set(names) - fields))[:3]} on a {type(inst).__name__}, '
+                            'which has no such fields')
+        elif not (isinstance(state, tuple) and getattr(type(inst), '__setstate__', None) not in
+                  (None, getattr(object, '__setstate__', None))):
+            self.refuse(f'it sets the state of a {type(inst).__name__} in a form DCP does not write')
+        pickle._Unpickler.dispatch[pickle.BUILD[0]](self)
+
+    def _load_setitem(self):
+        self._check_keys([self.stack[-2]])
+        pickle._Unpickler.dispatch[pickle.SETITEM[0]](self)
+
+    def _load_setitems(self):
+        items = self.stack  # the items since the last MARK: key, value, key, value, ...
+        self._check_keys(items[0::2])
+        pickle._Unpickler.dispatch[pickle.SETITEMS[0]](self)
+
+    def _load_additems(self):
+        self._check_keys(self.stack)
+        pickle._Unpickler.dispatch[pickle.ADDITEMS[0]](self)
+
+    def _load_frozenset(self):
+        self._check_keys(self.stack)
+        pickle._Unpickler.dispatch[pickle.FROZENSET[0]](self)
+
+    def _load_reduce(self):
+        args, func = self.stack[-1], self.stack[-2]
+        if func in (set, frozenset, dict, self.find_class('collections', 'OrderedDict')) and args:
+            if not isinstance(args, tuple) or len(args) != 1 or not isinstance(args[0], (list, tuple)):
+                self.refuse(f'it builds a {getattr(func, "__name__", func)} from something other than a list')
+            items = args[0]
+            keys = items if func in (set, frozenset) else [p[0] if isinstance(p, tuple) and p else p for p in items]
+            self._check_keys(keys)
+        pickle._Unpickler.dispatch[pickle.REDUCE[0]](self)
+
+
+def read_regular_file(path, limit, what):
+    """The bytes of ``path``, a regular file (not a symlink, FIFO or device) of at most
+    ``limit`` bytes; CheckpointError otherwise. Never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0))
+    except OSError as exc:
+        if os.path.islink(path):
+            raise CheckpointError(f'{what} {path!r} is a symbolic link: refusing to follow it out of the '
+                                  'checkpoint') from None
+        raise CheckpointError(f'cannot read {what} {path!r}: {exc.strerror or exc}') from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f'{what} {path!r} is not a regular file')
+        if info.st_size > limit:
+            raise CheckpointError(f'{what} {path!r} is {info.st_size} bytes, more than the {limit} a '
+                                  'checkpoint of this kind can hold: refusing to read it')
+        with os.fdopen(fd, 'rb', closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def read_dcp_metadata(path, limit=MAX_METADATA_BYTES):
+    """The ``Metadata`` object of the sharded checkpoint directory ``path``, read safely."""
+    source = os.path.join(path, METADATA_FILE)
+    data = read_regular_file(source, limit, 'checkpoint metadata')
+    try:
+        metadata = RestrictedMetadataUnpickler(io.BytesIO(data), source).load()
+    except CheckpointError:
+        raise
+    except Exception:  # random or truncated bytes: pickle raises many kinds
+        raise CheckpointError(f'{source!r} is not a checkpoint metadata file (damaged or not written by '
+                              'torch.distributed.checkpoint)') from None
+    from torch.distributed.checkpoint.metadata import Metadata
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f'{source!r} is not a checkpoint metadata file (it holds a '
+                              f'{type(metadata).__name__})')
+    return metadata

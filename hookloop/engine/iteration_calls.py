@@ -1,0 +1,126 @@
+"""Who is called at a training-iteration stage: the hooks that work at every iteration, plus
+those whose :meth:`~hookloop.Hook.next_call` named this iteration.
+
+Most hooks act at a few iterations (a logger every 50, a checkpoint by epoch, a guard at log
+events); calling them at every other iteration only to return is most of a loop's framework
+cost. So each stage keeps the iteration each scheduled hook is due at, and an iteration
+before the earliest of them calls only the every-iteration hooks: one comparison for all
+the others. When some hook is due, the stage walks all its hooks in the usual order, so a
+scheduled hook still runs exactly where its priority and declared dependencies put it.
+
+A schedule is only an optimisation: every stage method must be right when called at every
+iteration (the tests run every hook at every iteration and compare). So a hook is skipped
+only where its ``next_call`` can know everything the call would run: a class that overrides
+a method the ``next_call`` it inherits was not written for (see :func:`schedule_blind_spots`)
+is called at every iteration, and answers are asked again whenever they may have changed
+(after each call of the hook, at an epoch's start, after ``trainer.replan``, a resume or a
+validation).
+"""
+from numbers import Integral
+
+from ..errors import ConfigError
+from ..hooks.base import ITERATION_STAGES, NEVER
+from ..hooks.blind_spots import schedule_blind_spots
+
+class IterationStage:
+    """The hooks of one iteration stage, in run order, with when each is due.
+
+    ``methods`` are the bound methods the trainer dispatches (wrapped when hooks are
+    profiled), ``hooks`` their hooks. ``call_each(methods, stage)`` is the trainer's caller
+    (it adds the hook and stage to a user error). ``partner`` is the other iteration stage:
+    a hook's call at one stage asks its other stage again (what it did may move that one).
+    """
+
+    def __init__(self, stage, hooks, methods, call_each):
+        self.stage, self.hooks, self.methods, self._call_each = stage, list(hooks), list(methods), call_each
+        self._scheduled = [not schedule_blind_spots(type(hook)) for hook in self.hooks]  # may they skip iterations
+        self.due = [None] * len(self.hooks)  # per hook: None = every iteration, else an iteration or NEVER
+        self.every = self.methods             # the methods called at every iteration
+        self.next_due = NEVER                 # the earliest due of the scheduled hooks
+        self._woken = set()                   # hooks woken and not called since
+        self.partner, self._partner_index = None, [None] * len(self.hooks)
+
+    def pair(self, other):
+        """Make ``self`` and ``other`` (the two iteration stages) partners."""
+        self.partner, other.partner = other, self
+        for a, b in ((self, other), (other, self)):
+            a._partner_index = [next((j for j, h in enumerate(b.hooks) if h is hook), None) for hook in a.hooks]
+
+    def plan(self, trainer):
+        """Ask every hook when it is next due (at the start of an epoch). A wake not yet acted
+        on (one made at an epoch's last iteration) is kept: the hook is due at once."""
+        self.replan(trainer, None, trainer.position.iter)
+
+    def replan(self, trainer, hook=None, start=None):
+        """Ask ``hook`` (None: every hook) again when it is next due, from ``start`` (default:
+        the current iteration; asking too early at worst calls the hook once more than needed)."""
+        start = trainer.position.iter if start is None else start
+        for index, other in enumerate(self.hooks):
+            if hook is None or other is hook:
+                self._reask(trainer, index, start)
+        self._refresh()
+
+    def _reask(self, trainer, index, start):
+        due = self._ask(trainer, index, start)
+        if due is not None and index in self._woken:
+            due = min(due, start)
+        self.due[index] = due
+
+    # The trainer's loop calls ``every`` itself while ``position.iter < next_due`` (one
+    # comparison per iteration), and :meth:`walk` otherwise.
+    def walk(self, trainer):
+        """Call every hook due at the current iteration, in run order, and ask each scheduled
+        one that ran when it is next due, at both iteration stages."""
+        iteration = trainer.position.iter
+        partner, after = self.partner, self.stage == 'after_train_iter'
+        for index, method in enumerate(self.methods):
+            due = self.due[index]
+            if due is None:
+                self._call_each((method,), self.stage)
+            elif due <= iteration:
+                self.due[index] = NEVER  # a wake() from inside the call lowers it again
+                self._woken.discard(index)
+                self._call_each((method,), self.stage)
+                self.due[index] = min(self._ask(trainer, index, iteration + 1), self.due[index])
+                other = self._partner_index[index]
+                if other is not None and partner.due[other] is not None:
+                    partner._reask(trainer, other, iteration + after)
+                    partner._refresh()
+        self._refresh()
+
+    def wake(self, hook, iteration):
+        """Have ``hook`` called at ``iteration`` (or the first iteration after it that reaches
+        this stage)."""
+        for index, other in enumerate(self.hooks):
+            if other is hook and self.due[index] is not None:
+                self._woken.add(index)
+                if self.due[index] > iteration:
+                    self.due[index] = iteration
+                    self.next_due = min(self.next_due, iteration)
+
+    def _ask(self, trainer, index, start):
+        """When hook ``index`` is next due, checked."""
+        if not self._scheduled[index]:
+            return None
+        hook = self.hooks[index]
+        due = hook.next_call(trainer, self.stage, start)
+        if due is None or due == NEVER:
+            return due
+        if isinstance(due, bool) or not isinstance(due, Integral) or due < start:
+            raise ConfigError(f'{type(hook).__name__}.next_call(trainer, {self.stage!r}, {start}) returned {due!r}: '
+                              f'it must be None (every iteration), NEVER or an iteration >= {start}')
+        return int(due)
+
+    def _refresh(self):
+        self.every = [method for method, due in zip(self.methods, self.due) if due is None]
+        self.next_due = min([due for due in self.due if due is not None], default=NEVER)
+
+
+def iteration_stages(table, dispatch, call_each):
+    """``{stage: IterationStage}`` for the two training-iteration stages, paired."""
+    stages = {stage: IterationStage(stage, table[stage], dispatch[stage], call_each) for stage in ITERATION_STAGES}
+    stages['before_train_iter'].pair(stages['after_train_iter'])
+    return stages
+
+
+__all__ = ['IterationStage', 'iteration_stages']

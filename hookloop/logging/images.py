@@ -1,0 +1,46 @@
+"""The image channel: any hook or model publishes images, every logger hook writes them.
+
+``publish_images(trainer, tag, images, step)`` hands a list of images to each registered
+logger hook's :meth:`~hookloop.hooks.loggers.base.LoggerHook.write_images`, which (on rank 0,
+while the logger is open) calls the tracker's own ``log_images(trainer, tag, images, step)``:
+TensorBoard image summaries, W&B ``wandb.Image``, MLflow ``log_image``, Neptune
+``File.as_image`` series, DVCLive ``log_image``; the text logger writes one line. A tracker
+without images in its API inherits the no-op.
+
+Images are PIL images, or ``(H, W, 3)`` / ``(H, W)`` uint8 arrays, or ``(3, H, W)`` float
+tensors in [-1, 1] (a sample as the diffusion back-ends produce it); loggers receive
+``(H, W, 3)`` uint8 NumPy arrays. ``step`` is the number of training iterations completed,
+as for scalars. Nothing here syncs the device per iteration: images are published when
+produced (e.g. every K iterations), not on a schedule of their own.
+"""
+import numpy as np
+import torch
+
+
+def as_uint8_hwc(image):
+    """One image as an ``(H, W, 3)`` uint8 array (see the module doc for what is accepted)."""
+    if isinstance(image, torch.Tensor):
+        data = ((image.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        image = data.permute(1, 2, 0).numpy() if data.dim() == 3 else data.numpy()
+    array = np.asarray(image.convert('RGB')) if hasattr(image, 'convert') else np.asarray(image)
+    if array.dtype != np.uint8:
+        raise TypeError(f'publish_images: images must be uint8 arrays, PIL images or tensors in [-1, 1], '
+                        f'got an array of {array.dtype}')
+    if array.ndim == 2:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    if array.ndim != 3 or array.shape[-1] not in (1, 3):
+        raise TypeError(f'publish_images: an image must be (H, W), (H, W, 1) or (H, W, 3), got {array.shape}')
+    if array.shape[-1] == 1:
+        array = np.repeat(array, 3, axis=-1)
+    return np.ascontiguousarray(array)
+
+
+def publish_images(trainer, tag, images, step):
+    """Give ``images`` (a list) under ``tag`` (e.g. ``'validation/a photo of sks dog'``)
+    at ``step`` to every logger hook of ``trainer``. Returns the images as converted."""
+    from ..hooks.loggers.base import LoggerHook  # the loggers import this module's helpers
+    arrays = [as_uint8_hwc(image) for image in images]
+    for hook in trainer.hooks:
+        if isinstance(hook, LoggerHook):
+            hook.write_images(trainer, tag, arrays, step)
+    return arrays
