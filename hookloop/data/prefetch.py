@@ -12,7 +12,7 @@ state would include the batch fetched ahead.
 """
 import torch
 
-from ..engine.model_step import move_to_device
+from .device import move_to_device
 
 
 def _pinned(batch):

@@ -31,13 +31,7 @@ made it.
 """
 import contextlib
 
-
-def accumulation_window(inner_iter, epoch_length, cumulative_iters):
-    """``(start, size)`` of the window holding the 0-based ``inner_iter`` of an epoch of
-    ``epoch_length`` iterations: windows of ``cumulative_iters`` from iteration 0, the last
-    one cut short by the end of the epoch."""
-    start = inner_iter - inner_iter % cumulative_iters
-    return start, min(cumulative_iters, epoch_length - start)
+from ..optim.accumulation import accumulation_window
 
 
 class StepState:
@@ -76,4 +70,4 @@ class StepState:
         return self.skip_reason is not None
 
 
-__all__ = ['StepState', 'accumulation_window']
+__all__ = ['StepState']

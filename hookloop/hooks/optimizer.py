@@ -34,7 +34,7 @@ from ..optim.amp import autocast_factory, build_grad_scaler, check_loss_scale, c
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from ..engine.step import accumulation_window
+from ..optim.accumulation import accumulation_window
 from .base import NEVER, Hook
 from .blind_spots import schedule_blind_spots
 
