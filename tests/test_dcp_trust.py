@@ -9,7 +9,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from hookloop.checkpoint.format import file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from hookloop.checkpoint.checksum import file_checksum
+from hookloop.checkpoint.format import load_checkpoint, save_checkpoint, update_pointer
 from hookloop.cli import build_from_config, main
 from hookloop.checkpoint.dcp_metadata import METADATA_FILE, read_dcp_metadata
 from hookloop.errors import CheckpointError

@@ -26,7 +26,9 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checkpoint.format import atomic_write, file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from ..checkpoint.atomic import atomic_write
+from ..checkpoint.checksum import file_checksum
+from ..checkpoint.format import load_checkpoint, save_checkpoint, update_pointer
 from ..checkpoint import integrity
 from ..checkpoint.dcp_load import check_storage, load_dcp
 from ..checkpoint.dcp_metadata import METADATA_FILE, read_dcp_metadata, read_regular_file
