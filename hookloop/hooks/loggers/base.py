@@ -128,8 +128,7 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, trainer):
         if self.should_log(trainer):
-            summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
-            self._mark = trainer.meters.mark()
+            summary, self._mark = trainer.meters.summary_and_mark(self._mark)  # on every rank: may all-reduce
             if trainer.rank == 0:
                 self.log(trainer, self.train_record(trainer, summary))
         if self._pending:
