@@ -78,6 +78,7 @@ MODES = {
     'fp16_50': dict(log_config=dict(interval=50), checkpoint_config=dict(interval=1),
                     optimizer_config=dict(precision='fp16')),
 }
+ALIASES = {'default_50': 'default50', 'tensorboard_50': 'tensorboard50'}  # the names the issue uses
 PLAIN_MODE = {'accum2_50': 'accum2', 'fp16_50': 'fp16'}  # the plain loop each hookloop mode is compared with (default: its math)
 # Iterations timed together: with accumulation every other iteration steps, so single gaps
 # fall in two clusters and their median says little; a window's gap (divided by its size) does.
@@ -257,6 +258,7 @@ def main():
     clock = time.thread_time if args.clock == 'thread' else time.perf_counter
     for name in args.models.split(','):
         for mode in args.modes.split(','):
+            mode = ALIASES.get(mode, mode)
             print(json.dumps(run(name, mode, args.rounds, args.iters, args.block)), flush=True)
 
 

@@ -19,6 +19,7 @@ class ScaleRecorder(Hook):
         self.scales = []
 
     def after_train_iter(self, trainer):
+        trainer.meters.keys()  # a read: the values appended since the last one join the buffer
         self.scales = list(trainer.meters._values.get('loss_scale', []))
 
 

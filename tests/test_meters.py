@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+import hookloop.logging.meters as meters_module
 from hookloop.logging.meters import MeterBuffer
 
 
@@ -53,6 +54,8 @@ def test_summary_is_one_host_copy_and_cached(monkeypatch):
             meters.update(key, torch.tensor(float(n)))
     calls = []
     original = torch.Tensor.tolist
+    # the path of a device's tensors (CPU tensors are read where they are: see the next test)
+    monkeypatch.setattr(meters_module, '_cpu_numbers', lambda values: None)
     monkeypatch.setattr(torch.Tensor, 'tolist', lambda self: calls.append(1) or original(self))
     monkeypatch.setattr(torch.Tensor, 'item', lambda self: pytest.fail('item() called'))
     first = meters.summary()
@@ -61,6 +64,39 @@ def test_summary_is_one_host_copy_and_cached(monkeypatch):
     meters.update('loss', torch.tensor(0.0))
     meters.summary()
     assert len(calls) == 2
+
+
+def _fill_every_kind(meters):
+    generator = torch.Generator().manual_seed(3)
+    for n in range(30):
+        meters.update('loss', torch.randn((), generator=generator) * 1e3)
+        meters.update('f64', torch.tensor(1 / 3 + n, dtype=torch.float64))  # float32 first, as on a device
+        meters.update('i64', torch.tensor(16_777_217 + n))  # not exact in float32
+        meters.update('bf16', torch.tensor(0.1 * n, dtype=torch.bfloat16))
+        meters.update('f16', torch.tensor(0.3 * n, dtype=torch.float16))
+        meters.update('mixed', torch.tensor([2.5 + n]) if n % 2 else torch.tensor(1.25 * n))  # [] and [1]
+        meters.update('host', 0.1 * n)
+
+
+def test_cpu_tensors_read_in_place_give_the_device_paths_numbers(monkeypatch):
+    """CPU tensors are read one by one (a memory read; stacking them costs more on the host):
+    the numbers, their order and the keys' order are exactly what the stack-and-copy path of a
+    device gives."""
+    fast, device_path = MeterBuffer(), MeterBuffer()
+    _fill_every_kind(fast)
+    _fill_every_kind(device_path)
+    mark_fast, mark_device = fast.mark(), device_path.mark()
+    for meters in (fast, device_path):
+        meters.update('loss', torch.tensor(7.0))
+    stacks = []
+    original_stack = torch.stack
+    monkeypatch.setattr(torch, 'stack', lambda *a, **k: stacks.append(1) or original_stack(*a, **k))
+    got = [fast.summary(), fast.summary(mark_fast)]
+    assert len(stacks) == 2  # only the float64 and int64 keys take the stack (float32 first, as on a device)
+    monkeypatch.setattr(meters_module, '_cpu_numbers', lambda values: None)
+    want = [device_path.summary(), device_path.summary(mark_device)]
+    assert [list(g.items()) for g in got] == [list(w.items()) for w in want]
+    assert got[1] == {'loss': {'avg': 7.0, 'latest': 7.0, 'count': 1}}
 
 
 def test_clear_forgets_values():
@@ -75,6 +111,7 @@ def test_clear_forgets_values():
 
 DIST_SCRIPT = '''
 import torch, torch.distributed as dist
+import hookloop.logging.meters as meters_module
 from hookloop.logging.meters import MeterBuffer
 dist.init_process_group('gloo')
 rank = dist.get_rank()

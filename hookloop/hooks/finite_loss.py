@@ -99,8 +99,7 @@ class FiniteLossGuard(Hook):
         self._check_since_last_look(trainer, checkpoint['meta']['iter'])
 
     def _check_since_last_look(self, trainer, iterations_done, how='seen before saving'):
-        summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
-        self._mark = trainer.meters.mark()
+        summary, self._mark = trainer.meters.summary_and_mark(self._mark)  # on every rank: may all-reduce
         self._raise_if_bad(trainer, summary, iterations_done, how)
 
     def _failure(self, trainer, summary):

@@ -21,10 +21,13 @@ Policies (``on_invalid``):
   gives a finite loss. The window holding the bad loss is then dropped as with ``skip``.
 
 ``skip`` and ``rollback`` cost one host sync per iteration (the decision is needed before the
-step); ``rollback`` also one state copy per ``interval`` iterations. Under DDP the verdict is
+step): the read of the loss itself when it is one scalar (tested on the host, no kernel), else of
+one fused test of all of them; ``rollback`` also one state copy per ``interval`` iterations (and
+is called before an iteration only where it takes one). Under DDP the verdict is
 all-reduced so that every rank drops the same steps.
 """
 import copy
+import math
 
 import torch
 
@@ -75,7 +78,11 @@ class CheckInvalidLossHook(Hook):
 
     def next_call(self, trainer, stage, start):
         if stage == 'before_train_iter':
-            return None if self.on_invalid == 'rollback' else NEVER
+            if self.on_invalid != 'rollback':
+                return NEVER
+            # the next snapshot: every iteration until one is good, then every ``interval`` (the
+            # call at after_train_iter, every iteration, asks this stage again)
+            return start if self._good is None else start + (-start) % self.interval
         return self.next_every_n_iters(start, self.interval) if self.on_invalid == 'raise' else None
 
     def before_train_iter(self, trainer):
@@ -92,11 +99,13 @@ class CheckInvalidLossHook(Hook):
         losses = self._losses(trainer.outputs)
         if not losses:
             return
-        finite = torch.stack([torch.isfinite(v.detach()).all() for v in losses.values()]).all()
         if trainer.world_size > 1 and torch.distributed.is_initialized():
-            finite = finite.to(torch.int32)
+            finite = _all_finite(losses.values()).to(torch.int32)
             torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
-        if bool(finite):  # the documented host sync
+            finite = bool(finite)  # the documented host sync
+        else:
+            finite = _finite_on_host(losses)
+        if finite:
             if self._candidate is not None:
                 self._good, self._candidate = self._candidate, None
             return
@@ -126,6 +135,24 @@ class CheckInvalidLossHook(Hook):
         else:
             trainer.logger.warning('loss is not finite at %s: %s; dropped this update', where, values)
         trainer.step.skip(f'loss is not finite at {where}')
+
+
+def _all_finite(losses):
+    """One boolean device tensor: every element of every loss is finite."""
+    losses = [loss.detach() for loss in losses]
+    if len(losses) > 1 and all(loss.dim() == 0 for loss in losses):
+        return torch.isfinite(torch.stack(losses)).all()  # three kernels, whatever the number of keys
+    return torch.stack([torch.isfinite(loss).all() for loss in losses]).all()
+
+
+def _finite_on_host(losses):
+    """Whether every loss is finite, with the one host read the decision needs: the scalar loss
+    itself (its value, tested on the host: no kernel), else the one boolean of :func:`_all_finite`."""
+    if len(losses) == 1:
+        (loss,) = losses.values()
+        if loss.dim() == 0:
+            return math.isfinite(loss.item())  # the documented host sync
+    return bool(_all_finite(losses.values()))  # the documented host sync
 
 
 def _rolled_back(trainer):

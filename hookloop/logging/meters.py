@@ -18,6 +18,7 @@ is the ready-made one (its ``append`` is a C-level ``deque.append``); the traine
 polling at every iteration.
 """
 import math
+import operator
 from collections import deque
 from itertools import islice
 
@@ -41,7 +42,7 @@ class MeterBuffer:
         self._values = {}   # key -> deque of recent values (tensors or numbers)
         self._totals = {}   # key -> number of values ever appended (drives marks)
         self._version = 0   # bumped on every change; invalidates the summary cache
-        self._cache = {}
+        self._cache = None  # (version, since, summary) of the last summary
         # The most recent summary (host numbers): hooks may read it without a sync.
         self.last_summary = None
         self._listeners = []
@@ -131,7 +132,7 @@ class MeterBuffer:
         for values in self._values.values():
             values.clear()
         self._version += 1
-        self._cache = {}
+        self._cache = None
 
     def mark(self):
         """A position: pass it to :meth:`summary` to average only what comes after it."""
@@ -143,29 +144,37 @@ class MeterBuffer:
         appended after the mark ``since`` (all kept values when ``None``).
 
         Each device's tensors are copied to the host together (one copy per device, however
-        many keys) and averaged there. Under
+        many keys; CPU tensors are read where they are) and averaged there. Under
         ``torch.distributed`` every value is then averaged across ranks with one
         all-reduce, so every rank must call this at the same iterations with the same keys.
         Repeated calls with no update in between reuse the result (no second sync).
         """
         self._collect()
-        since = since or {}
-        cache_key = (self._version, tuple(sorted(since.items())))
-        if cache_key in self._cache:
-            return self._cache[cache_key]
+        return self._summary(since or {})
+
+    def summary_and_mark(self, since=None):
+        """``(summary(since), mark())`` with one collection of the sources (a logger's read)."""
+        self._collect()
+        return self._summary(since or {}), dict(self._totals)
+
+    def _summary(self, since):
+        cached = self._cache
+        if cached is not None and cached[0] == self._version and cached[1] == since:
+            return cached[2]
         windows = {}
+        totals = self._totals
         for key, values in self._values.items():
-            new = self._totals[key] - since.get(key, 0)
+            new = totals[key] - since.get(key, 0)
+            if new <= 0 or not values:
+                continue
             if new >= len(values):
-                window = list(values)
+                windows[key] = list(values)
             else:  # the newest ``new``, read from the end (the deque may hold far more)
-                window = list(islice(reversed(values), max(new, 0)))[::-1]
-            if window:
-                windows[key] = window
+                windows[key] = list(islice(reversed(values), new))[::-1]
         result = self._to_host(windows)
         if is_distributed() and get_world_size() > 1:
             result = _average_across_ranks(result)
-        self._cache = {cache_key: result}
+        self._cache = (self._version, dict(since), result)
         self.last_summary = result
         for listener in list(self._listeners):
             listener(result)
@@ -173,22 +182,33 @@ class MeterBuffer:
 
     @staticmethod
     def _to_host(windows):
+        # (the order of the keys is what a record lists: the host numbers' first, then each device's)
         result, pending = {}, {}
         for key, values in windows.items():
-            stacked = _stack_scalars(values) if isinstance(values[0], torch.Tensor) else None
-            if stacked is not None:
-                pending.setdefault(stacked.device, []).append((key, stacked))
-            else:  # plain numbers (a stray tensor among them costs its own sync, so avoid mixing)
-                result[key] = _stats(list(map(float, values)))
+            first = values[0]
+            if isinstance(first, torch.Tensor):
+                numbers = _cpu_numbers(values) if first.is_cpu else None
+                if numbers is not None:
+                    pending.setdefault(_CPU, []).append((key, numbers))
+                    continue
+                stacked = _stack_scalars(values)
+                if stacked is not None:
+                    pending.setdefault(stacked.device, []).append((key, stacked))
+                    continue
+            result[key] = _stats(list(map(float, values)))  # numbers (a stray tensor among them costs its own sync)
         for items in pending.values():
-            if len(items) == 1:
-                numbers = items[0][1].tolist()
-            else:
-                numbers = torch.cat([stacked for _, stacked in items]).tolist()  # the one host copy
+            stacks = [values for _, values in items if type(values) is not list]
+            if len(stacks) > 1:
+                copied = torch.cat(stacks).tolist()  # the one host copy
+            elif stacks:
+                copied = stacks[0].tolist()
             start = 0
-            for key, stacked in items:
-                result[key] = _stats(numbers[start:start + len(stacked)])
-                start += len(stacked)
+            for key, values in items:
+                if type(values) is list:  # read on the host already
+                    result[key] = _stats(values)
+                else:
+                    result[key] = _stats(copied[start:start + len(values)])
+                    start += len(values)
         return result
 
     def averages(self, since=None):
@@ -197,6 +217,26 @@ class MeterBuffer:
 
 def _stats(numbers):
     return {'avg': math.fsum(numbers) / len(numbers), 'latest': numbers[-1], 'count': len(numbers)}
+
+
+_CPU = torch.device('cpu')
+_dtype = operator.attrgetter('dtype')
+_item = torch.Tensor.item
+# Tensors whose ``item()`` is the number the float32 summary of a device's tensors gives.
+_EXACT_IN_FLOAT32 = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
+def _cpu_numbers(values):
+    """The numbers of the one-element CPU tensors ``values`` as :func:`_stack_scalars` and a
+    host copy give them, read one by one (no stack: on the host that is the dearer way), or
+    None when they are not all float32/float16/bfloat16 CPU tensors of one element."""
+    try:
+        if not set(map(_dtype, values)) <= _EXACT_IN_FLOAT32:
+            return None  # float64, integers...: converted to float32 first, as on a device
+        numbers = list(map(_item, values))
+    except (TypeError, AttributeError, RuntimeError):  # not tensors, or more than one element
+        return None
+    return numbers
 
 
 def _stack_scalars(values):

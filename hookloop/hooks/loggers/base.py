@@ -128,8 +128,7 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, trainer):
         if self.should_log(trainer):
-            summary = trainer.meters.summary(self._mark)  # on every rank: may all-reduce
-            self._mark = trainer.meters.mark()
+            summary, self._mark = trainer.meters.summary_and_mark(self._mark)  # on every rank: may all-reduce
             if trainer.rank == 0:
                 self.log(trainer, self.train_record(trainer, summary))
         if self._pending:
@@ -165,10 +164,12 @@ class LoggerHook(Hook):
         return not self.ignore_last and self.end_of_epoch(trainer)
 
     def train_record(self, trainer, summary):
-        record = {'mode': 'train', 'epoch': trainer.epoch + 1, 'iter': trainer.iter + 1}
+        position = trainer.position
+        record = {'mode': 'train', 'epoch': position.epoch + 1, 'iter': position.iter + 1}
         if self.by_epoch:
-            record['inner_iter'] = trainer.inner_iter + 1
-        lr, momentum = current_lr(trainer.optimizer), current_momentum(trainer.optimizer)
+            record['inner_iter'] = position.inner_iter + 1
+        optimizer = trainer.optimizer
+        lr, momentum = current_lr(optimizer), current_momentum(optimizer)
         if lr is not None:
             record['lr'] = lr
         if momentum is not None:

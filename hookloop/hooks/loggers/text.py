@@ -101,19 +101,25 @@ class TextLoggerHook(LoggerHook):
 
     def _format_train(self, trainer, record):
         if self.by_epoch:
-            head = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]\t'
+            line = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]\t'
         else:
-            head = f'Iter [{record["iter"]}/{trainer.max_iters}]\t'
-        parts = [f'lr: {record["lr"]:.3e}'] if 'lr' in record else []
-        parts.append(f'eta: {datetime.timedelta(seconds=int(self.eta_seconds(trainer, record)))}')
+            line = f'Iter [{record["iter"]}/{trainer.max_iters}]\t'
+        if 'lr' in record:
+            line += f'lr: {record["lr"]:.3e}, '
+        line += 'eta: ' + _eta(self.eta_seconds(trainer, record))
         if 'time' in record:
-            parts.append(f'time: {record["time"]:.3f}')
+            line += f', time: {record["time"]:.3f}'
         if 'data_time' in record:
-            parts.append(f'data_time: {record["data_time"]:.3f}')
+            line += f', data_time: {record["data_time"]:.3f}'
         if 'memory' in record:
-            parts.append(f'memory: {record["memory"]}')
-        parts += [f'{k}: {_fmt(v)}' for k, v in record.items() if k not in _NOT_METRICS]
-        return head + ', '.join(parts)
+            line += f', memory: {record["memory"]}'
+        for key, value in record.items():
+            if key not in _NOT_METRICS:
+                if isinstance(value, float):  # _fmt, written out: a call per metric is most of its cost
+                    line += f', {key}: {value:.4f}' if abs(value) >= 1e-3 or value == 0 else f', {key}: {value:.3e}'
+                else:
+                    line += f', {key}: {value}'
+        return line
 
     def close(self, trainer):
         if self._json_file is not None:
@@ -133,6 +139,14 @@ class TextLoggerHook(LoggerHook):
 
 
 _NOT_METRICS = frozenset(('mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'))
+
+
+def _eta(seconds):
+    """``str(datetime.timedelta(seconds=int(seconds)))``, without the timedelta under a day."""
+    seconds = int(seconds)
+    if 0 <= seconds < 86400:
+        return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+    return str(datetime.timedelta(seconds=seconds))
 
 
 def _fmt(value):
