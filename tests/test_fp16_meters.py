@@ -7,7 +7,8 @@ from torch.utils.data import DataLoader
 
 import hookloop.hooks.optimizer as optimizer_module
 from hookloop import Trainer
-from hookloop.hooks.optimizer import _ScaleBook
+import hookloop.optim.scale_book as scale_book_module
+from hookloop.optim.scale_book import ScaleBook as _ScaleBook
 from conftest import Regressor, regression_data
 from log_utils import json_records
 
@@ -48,7 +49,8 @@ CASES = {
 def test_scale_and_skip_history_equal_the_per_step_copies(tmp_path, monkeypatch, case):
     copies = []
     original = optimizer_module.scale_tensor
-    monkeypatch.setattr(optimizer_module, 'scale_tensor', lambda scaler: copies.append(1) or original(scaler))
+    for module in (optimizer_module, scale_book_module):  # the per-step path and the book
+        monkeypatch.setattr(module, 'scale_tensor', lambda scaler: copies.append(1) or original(scaler))
     history, records, weights = fp16_run(tmp_path / 'new', **CASES[case])
     new_copies = len(copies)
     per_step_way(monkeypatch)

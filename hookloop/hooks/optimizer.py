@@ -35,6 +35,7 @@ from ..registry import HOOKS
 from ..optim.accumulation import accumulation_window
 from ..optim.step_options import check_cumulative_iters, check_grad_clip, total_loss
 from ..optim.step_options import optimized_params as _optimized_params  # the processor's lines keep their name
+from ..optim.scale_book import ScaleBook
 from .base import NEVER, Hook
 from .blind_spots import schedule_blind_spots
 
@@ -68,7 +69,7 @@ class OptimizerProcessor:
         self.optimizer = self.scaler = None
         self._skip_window = False  # the current window holds a dropped iteration: no step at its end
         self._skipped_run = None  # fp16: steps the GradScaler skipped in a row (a device tensor)
-        self._scale_book = None  # fp16: a _ScaleBook, when the optimizer says on the host which steps ran
+        self._scale_book = None  # fp16: a ScaleBook, when the optimizer says on the host which steps ran
         self._pending_state = None  # a state loaded before the optimizer was known
         self._reported_unused = set()
         self._ddp = False
@@ -83,7 +84,7 @@ class OptimizerProcessor:
             self.scaler = build_grad_scaler(self.loss_scale, trainer.device)
             if self._scale_book is not None:
                 self._scale_book.close()
-            self._scale_book = _ScaleBook.attach(self.scaler, self.optimizer, isinstance(self.loss_scale, float))
+            self._scale_book = ScaleBook.attach(self.scaler, self.optimizer, isinstance(self.loss_scale, float))
             trainer.step.loss_scaling = True  # inf/NaN gradients skip a step: not a failure by itself
             legacy = mmcv_fp16_modules(trainer.model)
             if legacy:  # MMCV-style model: its auto_fp16/force_fp32 methods choose what runs in fp16
@@ -208,7 +209,7 @@ class OptimizerProcessor:
     def _count_skipped(self, trainer, scaler, optimizer):
         """Publish ``skipped_steps``, the steps the scaler skipped in a row up to this one (a
         device tensor, no host sync), read by the invalid-loss guard at log events. (The way
-        of an optimizer that skips inf/NaN steps itself, or has no step hooks: see _ScaleBook.)"""
+        of an optimizer that skips inf/NaN steps itself, or has no step hooks: see hookloop/optim/scale_book.py.)"""
         found = getattr(scaler, '_found_inf_per_device', None)  # filled by unscale_, reset by update()
         try:
             infs = found(optimizer) if found is not None else {}
@@ -287,80 +288,6 @@ class OptimizerProcessor:
                                   f'the optimizer has {len(params)}')
         for param, grad in zip(params, grads):
             param.grad = None if grad is None else grad.to(device=param.device, dtype=param.dtype)
-
-
-class _ScaleBook:
-    """fp16's ``skipped_steps`` and ``loss_scale`` meters without a device copy per step.
-
-    Whether a step ran is known on the host at no cost: the GradScaler calls the optimizer's
-    ``step`` only when the gradients are finite, and a step post-hook counts those calls
-    (``steps_ran``). The scale then changes only at known steps: a skipped one (back-off) and,
-    dynamic, every ``growth_interval``-th finite step in a row (growth), GradScaler's own rule
-    followed on the host from its growth tracker. Only there is the scale copied (``scale_tensor``);
-    every step appends to the meters (C-level ``deque.append``) the copy in force and a cached
-    tensor of the run of skipped steps, so the meters hold, step by step, the very values the
-    per-step copies held. An optimizer that skips steps itself (``_step_supports_amp_scaling``,
-    the fused ones) or has no step hooks keeps the per-step way (:meth:`attach` gives None).
-    """
-
-    def __init__(self, scaler, optimizer, static):
-        self.scaler, self.static = scaler, static
-        self.steps_ran = 0
-        self._handle = optimizer.register_step_post_hook(self._ran)
-        self._dynamic = not static and scaler.is_enabled()
-        self._interval = scaler.get_growth_interval() if self._dynamic else 0
-        self._tracker = int(scaler.state_dict().get('_growth_tracker', 0)) if self._dynamic else 0
-        self._run = 0          # steps skipped in a row up to the last one
-        self._scale = None     # the copy of the scale in force (None: copy at the next step)
-        self._runs = {}        # run length -> its tensor (float32, on the scale's device)
-        self._meters = self._append_run = self._append_scale = None
-
-    @classmethod
-    def attach(cls, scaler, optimizer, static):
-        if not scaler.is_enabled() or getattr(optimizer, '_step_supports_amp_scaling', False) or \
-                not callable(getattr(optimizer, 'register_step_post_hook', None)):
-            return None
-        return cls(scaler, optimizer, static)
-
-    def _ran(self, optimizer, args, kwargs):
-        self.steps_ran += 1
-
-    def close(self):
-        self._handle.remove()
-
-    def loaded(self, scaler_state):
-        """The scaler's state was replaced (a checkpoint): follow its tracker, copy its scale."""
-        self._tracker = int(scaler_state.get('_growth_tracker', 0)) if self._dynamic else 0
-        self._scale = None
-
-    def record(self, meters, skipped):
-        """After ``scaler.update()``: this step's ``skipped_steps`` and ``loss_scale``."""
-        changed = self._scale is None
-        if skipped:
-            self._run += 1
-            if self._dynamic:
-                self._tracker, changed = 0, True  # backed off
-        else:
-            self._run = 0
-            if self._dynamic:
-                self._tracker += 1
-                if self._tracker == self._interval:  # grown (or kept, if growing overflowed)
-                    self._tracker, changed = 0, True
-        if changed:
-            self._scale = scale_tensor(self.scaler)
-        run = self._runs.get(self._run)
-        if run is None:
-            run = self._runs[self._run] = torch.full((), float(self._run), dtype=torch.float32,
-                                                     device=self._scale.device)
-        if self._meters is not meters:  # the first step: the keys join the meters where they always did
-            meters.update('skipped_steps', run)
-            meters.update('loss_scale', self._scale)
-            self._meters = meters
-            self._append_run = meters.bulk_series('skipped_steps').append
-            self._append_scale = meters.bulk_series('loss_scale').append
-        else:
-            self._append_run(run)
-            self._append_scale(self._scale)
 
 
 @HOOKS.register_module()
