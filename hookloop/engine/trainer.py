@@ -40,6 +40,7 @@ from ..logging.meters import MeterBuffer
 from ..fileio.paths import check_can_create_dir, ensure_writable_dir
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
+from .outcome import Outcome
 from .position import BETWEEN, ITERATION_DONE, Position
 from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
@@ -445,6 +446,11 @@ class Trainer(MMCVRunnerAttributes):
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
+
+    @property
+    def outcome(self):
+        """How this run ends (read-only, for hooks): :class:`~hookloop.engine.outcome.Outcome`."""
+        return Outcome.of(self._started, self._running, self.stop_reason, self.exception)
 
     def wake(self, hook):
         """Call ``hook`` at its training-iteration stages in the next iteration, whatever its

@@ -129,7 +129,7 @@ class MlflowLoggerHook(MMCVTrackerHook):
         self.mlflow.log_metrics(tags, step=step)
 
     def close(self, trainer):
-        if self.log_model and trainer.exception is None:
+        if self.log_model and not trainer.outcome.failed:
             self.mlflow_pytorch.log_model(trainer.model, 'models')
 
 
@@ -197,7 +197,7 @@ class DvcliveLoggerHook(MMCVTrackerHook):
             self.dvclive.log(name, value)
 
     def close(self, trainer):
-        if self.model_file is not None and trainer.exception is None:
+        if self.model_file is not None and not trainer.outcome.failed:
             from . import save_checkpoint
             save_checkpoint(trainer.model, self.model_file)
 
