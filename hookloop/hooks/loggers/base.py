@@ -9,6 +9,7 @@ import torch
 
 from ...errors import ConfigError
 from ...fileio.paths import ensure_writable_dir
+from ...logging.profiling import profile_record
 from ...priority import Priority
 from ..base import Hook
 
@@ -155,6 +156,9 @@ class LoggerHook(Hook):
             self.log(trainer, record)
         self._pending = []
         if self._opened:
+            profile = profile_record(trainer)  # with profile_hooks: before the destination closes
+            if profile is not None:
+                self.log_profile(trainer, profile)
             self._opened = False
             self.close(trainer)
 
@@ -211,6 +215,10 @@ class LoggerHook(Hook):
 
     def log_images(self, trainer, tag, images, step):
         pass
+
+    def log_profile(self, trainer, record):
+        """The hook-profiling record (:func:`hookloop.logging.profiling.profile_record`), given once
+        as the run ends, before ``close``; default: not written."""
 
     def log(self, trainer, record):
         raise NotImplementedError

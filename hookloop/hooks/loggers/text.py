@@ -86,6 +86,9 @@ class TextLoggerHook(LoggerHook):
         info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
         self._write_json(record)
 
+    def log_profile(self, trainer, record):
+        self._write_json(record)
+
     def _write_json(self, record):
         self._json_file.write(_JSON.encode(record) + '\n')
 
