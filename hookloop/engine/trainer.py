@@ -40,6 +40,7 @@ from ..logging.meters import MeterBuffer
 from ..fileio.paths import check_can_create_dir, ensure_writable_dir
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
+from ..optim.param_groups import set_value  # the param groups' one writer (a resume's config changes)
 from .outcome import Outcome
 from .position import BETWEEN, ITERATION_DONE, Position
 from ..data.prefetch import DevicePrefetcher, uses_prefetch
@@ -905,7 +906,7 @@ class Trainer(MMCVRunnerAttributes):
             point = elastic_resume.plan(self, meta, path)
         changes = self._config_changes(meta, point.iter)
         if changes and self.optimizer is not None:
-            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups):
+            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups, set_value):
                 self.logger.warning('%s', line)
         if meta.get('world_size', self.world_size) != self.world_size and not point.note:
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
