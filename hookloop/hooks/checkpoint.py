@@ -131,7 +131,7 @@ class CheckpointHook(Hook):
     def after_load_checkpoint(self, trainer, checkpoint):
         # Retention counts the checkpoint the run continued from (a preempt or another
         # name), so max_keep_ckpts holds across any number of resumes.
-        resumed = getattr(trainer, 'resumed_from', None)
+        resumed = trainer.resumed_from
         directory = getattr(self, 'directory', None)
         if resumed and directory and self._owns(resumed) and resumed not in self.saved and \
                 (self.best is None or resumed != self.best.path):

@@ -60,8 +60,7 @@ class EvalHook(EvaluationHook):
 
     def before_run(self, trainer):
         # This hook brings the val data and the dataset's evaluator (MMCV's EvalHook holds both).
-        trainer.val_dataloader = trainer.build_val_loader(self.dataloader)
-        trainer.val_evaluator = self.evaluator
+        trainer.set_validation(self.dataloader, self.evaluator)
         self.evaluator.trainer = trainer
 
     def evaluate(self, runner, results):

@@ -5,6 +5,7 @@ MMCV's loggers name the schedule values ``learning_rate`` / ``momentum`` (``/<na
 optimizer of a dict) and log a train-step model's ``log_vars`` only; :func:`mmcv_tags`
 builds that dict from a hookloop log record.
 """
+from ...engine.model_step import has_train_step
 from ...errors import ConfigError
 from ...hooks import Hook, LoggerHook
 from ...hooks.loggers.base import require
@@ -35,7 +36,7 @@ def mmcv_tags(trainer, record):
     """MMCV ``LoggerHook.get_loggable_tags`` of a record: its numbers (no position or
     timing keys), then ``learning_rate`` / ``momentum`` on train records."""
     outputs = trainer.outputs or {}
-    own_log_vars = not getattr(trainer, '_model_train_step', False) or 'log_vars' in outputs
+    own_log_vars = not has_train_step(trainer.model) or 'log_vars' in outputs
     tags = {key: value for key, value in record.items() if key not in _POSITION_KEYS
             and isinstance(value, (int, float)) and not isinstance(value, bool)
             and (own_log_vars or key != 'loss')}  # MMCV logs a train_step's log_vars only
