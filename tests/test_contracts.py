@@ -219,3 +219,30 @@ def test_every_traced_name_of_the_table_has_one_writer():
     for row_names, writers in rows:
         if row_names:
             assert writers, f'{sorted(row_names)}: no writer module named'
+
+
+# -- each coupling the table replaced, one test each (each fails on the old behaviour) -------------
+def test_mmcv_eval_hook_sets_its_loader_through_the_trainer(tmp_path):
+    # It wrote trainer.val_dataloader / val_evaluator itself; now trainer.set_validation does.
+    import logging
+
+    from mmcv_style.toy import ToyClassifier, ToyImageDataset
+
+    from hookloop.compat.mmcv import EpochBasedRunner, EvalHook
+    torch.manual_seed(0)
+    model = ToyClassifier(backbone=dict(width=8), head=dict(num_classes=2))
+    val_set = ToyImageDataset('root', [], split='val', size=8)
+    runner = EpochBasedRunner(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), work_dir=str(tmp_path),
+                              max_epochs=1, meta=dict(seed=0), logger=logging.getLogger('test'))
+    runner.register_training_hooks(lr_config=None, optimizer_config=dict(grad_clip=None),
+                                   log_config=dict(interval=1, hooks=[dict(type='TextLoggerHook')]))
+    runner.register_hook(EvalHook(DataLoader(val_set, batch_size=4), interval=1, metric='accuracy', topk=1),
+                         priority='LOW')
+    log = trace(runner.trainer)
+    try:
+        runner.run([DataLoader(ToyImageDataset('root', [], size=16), batch_size=8)], [('train', 1)])
+    finally:
+        runner.close()
+    assert val_set.evaluated == [8]
+    assert set(log.writes['trainer.val_dataloader']) == {'hookloop.engine.trainer'}
+    assert violations(log.writes) == []
