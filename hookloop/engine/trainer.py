@@ -330,11 +330,12 @@ class Trainer(MMCVRunnerAttributes):
         return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)
 
     def set_validation(self, loader, evaluator=None):
-        """Validate on ``loader`` (a DataLoader or a config) from now on, and with ``evaluator`` when
-        given: the one way to change them after construction (MMCV's ``EvalHook`` brings both)."""
+        """Validate on ``loader`` (a DataLoader or a config) from now on, and with ``evaluator`` (as
+        ``val_evaluator`` accepts) when given: the one way to change them after construction
+        (MMCV's ``EvalHook`` brings both)."""
         self.val_dataloader = self.build_val_loader(loader)
         if evaluator is not None:
-            self.val_evaluator = evaluator
+            self.val_evaluator = build_evaluator(evaluator)
 
     # The counters live in ``self.position`` (see hookloop/engine/position.py); these read it
     # (attrgetter: a C-level getter, as cheap as a plain attribute for hooks reading it each step).
