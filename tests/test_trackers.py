@@ -260,7 +260,7 @@ def test_tensorboard_is_closed_when_training_fails(tmp_path):
     with pytest.raises(RuntimeError, match='boom at 12'):
         run(trainer)
     hook = next(h for h in trainer.hooks if type(h).__name__ == 'TensorboardLoggerHook')
-    assert hook._opened is False
+    assert hook.is_open is False
     events = EventAccumulator(str(tmp_path / 'tf_logs'))
     events.Reload()
     assert [e.step for e in events.Scalars('train/loss')] == [5, 10]

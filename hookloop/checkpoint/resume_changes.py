@@ -80,11 +80,13 @@ def changed_hyperparameters(changes):
     return names
 
 
-def apply_optimizer_changes(optimizer, changes, fresh_groups):
+def apply_optimizer_changes(optimizer, changes, fresh_groups, set_value):
     """After ``optimizer.load_state_dict``: the hyperparameters the current config changed
     (the loaded state brought the old ones) are set group by group to what a fresh run's
     construction gives (``fresh_groups()``: those groups, or None when the optimizer was
-    passed built: then the new value is set on every group). Returns the log lines."""
+    passed built: then the new value is set on every group), each with
+    ``set_value(group, name, value)`` (the trainer passes ``optim.param_groups.set_value``,
+    the groups' one writer). Returns the log lines."""
     names = changed_hyperparameters(changes)
     if not names:
         return []
@@ -111,9 +113,9 @@ def apply_optimizer_changes(optimizer, changes, fresh_groups):
             old = group.get(initial, group[name])
             if old == value:
                 continue
-            group[name] = value
+            set_value(group, name, value)
             if initial in group or name == 'lr':
-                group[initial] = value
+                set_value(group, initial, value)
             done.append(f'{name} {_shown(old)} -> {_shown(value)}')
         if done:
             lines.append(f'  param group {index}: ' + ', '.join(done))

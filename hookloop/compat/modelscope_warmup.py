@@ -8,6 +8,7 @@ scheduler steps (epochs with ``by_epoch``, iterations otherwise):
 import torch
 
 from ..errors import ConfigError
+from ..optim import param_groups
 
 WARMUP_FACTORS = {
     'LinearWarmup': lambda t, n, ratio: 1 - (1 - t / n) * (1 - ratio),
@@ -38,13 +39,11 @@ class WarmupScheduler(torch.optim.lr_scheduler.LRScheduler):
         groups = self.optimizer.param_groups
         self.last_epoch += 1
         if self.last_epoch > 0:  # the base scheduler made its first step when it was built
-            for group, lr in zip(groups, self.regular):
-                group['lr'] = lr
+            param_groups.set_lr(groups, self.regular)
             self.base.step()
         self.regular = [group['lr'] for group in groups]
         factor = self.factor(self.last_epoch)
-        for group, lr in zip(groups, self.regular):
-            group['lr'] = lr * factor
+        param_groups.set_lr(groups, [lr * factor for lr in self.regular])
         self._last_lr = [group['lr'] for group in groups]
 
     def get_lr(self):

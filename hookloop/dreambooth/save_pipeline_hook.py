@@ -25,8 +25,11 @@ class SavePipelineHook(Hook):
     def __init__(self, out_dir='pipeline'):
         self.out_dir = out_dir
 
+    def output_dirs(self, trainer):
+        return {'pipeline': os.path.join(trainer.work_dir, os.fspath(self.out_dir))}
+
     def after_run(self, trainer):
-        if trainer.exception is not None or trainer.iter < trainer.max_iters or trainer.rank != 0:
+        if trainer.outcome.failed or trainer.iter < trainer.max_iters or trainer.rank != 0:
             return
         path = os.path.join(trainer.work_dir, os.fspath(self.out_dir))
         trainer.model.save_pretrained(path)

@@ -108,6 +108,9 @@ class ValidationImagesHook(Hook):
         self.prompts, self.out_dir = list(prompts), out_dir
         self._collected = []
 
+    def output_dirs(self, trainer):
+        return {'image': os.path.join(trainer.work_dir, os.fspath(self.out_dir))}
+
     def before_val_epoch(self, trainer):
         self._collected = []
 

@@ -1,28 +1,41 @@
 """Checks that need the whole trainer (hooks and loaders together), run by ``train()``
-before the work dir, its lock or any log file is created: a config error writes nothing."""
-import os
-
+before the work dir, its lock or any log file is created: a config error writes nothing.
+What it asks the hooks is their contract (docs/hooks.md): ``EvaluationHook.evaluation_loader``
+and ``Hook.output_dirs``, never their attributes."""
 from ..fileio import storage
 from ..errors import ConfigError
+from ..hooks.evaluation import EvaluationHook
 from ..hooks.order import role_of
 from ..fileio.paths import check_can_create_dir
 
 
 def check_before_run(trainer):
     for hook in trainer.hooks:
-        # (MMCV's EvalHook brings its own dataloader)
-        if role_of(hook) == 'evaluation' and trainer.val_dataloader is None and \
-                getattr(hook, 'dataloader', None) is None:
-            raise ConfigError(f'{hook.name} evaluates, but the trainer has no val_dataloader: give one, or '
-                              'remove the evaluation config')
-        out_dir = getattr(hook, 'out_dir', None)
-        if isinstance(out_dir, (str, os.PathLike)):
-            what = f'{hook.name}: log directory' if role_of(hook) == 'logger' else f'{hook.name} out_dir'
-            # A checkpoint hook's out_dir is under the storage dir (maybe a URL); a logger's
-            # under the local work dir.
-            base = trainer.storage_dir if role_of(hook) == 'checkpoint' else trainer.work_dir
-            path = storage.join(base, os.fspath(out_dir))
-            if storage.is_url(path):
+        if role_of(hook) == 'evaluation':
+            loader = hook.evaluation_loader(trainer) if isinstance(hook, EvaluationHook) else trainer.val_dataloader
+            if loader is None:
+                raise ConfigError(f'{hook.name} evaluates, but the trainer has no val_dataloader: give one, or '
+                                  'remove the evaluation config')
+        for kind, path in hook_output_dirs(trainer, hook).items():
+            if storage.is_url(path):  # checkpoints live under the storage dir, which may be a URL
                 storage.filesystem(path)  # an unknown protocol or a missing package: one line
             else:
-                check_can_create_dir(path, what)
+                check_can_create_dir(path, f'{hook.name}: {kind} directory')
+
+
+def hook_output_dirs(trainer, hook):
+    """``hook.output_dirs(trainer)``; a hook not derived from :class:`~hookloop.Hook` (MMCV-style
+    duck-typed hooks) has none."""
+    method = getattr(hook, 'output_dirs', None)
+    return dict(method(trainer) or {}) if method is not None else {}
+
+
+def checkpoint_dirs(trainer):
+    """The directories other than the storage dir that the hooks save checkpoints into
+    (``output_dirs`` of kind ``'checkpoint'``)."""
+    dirs = []
+    for hook in trainer.hooks:
+        path = hook_output_dirs(trainer, hook).get('checkpoint')
+        if path is not None and path != trainer.storage_dir and path not in dirs:
+            dirs.append(path)
+    return dirs

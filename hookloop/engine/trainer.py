@@ -40,6 +40,8 @@ from ..logging.meters import MeterBuffer
 from ..fileio.paths import check_can_create_dir, ensure_writable_dir
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
+from ..optim.param_groups import set_value  # the param groups' one writer (a resume's config changes)
+from .outcome import Outcome
 from .position import BETWEEN, ITERATION_DONE, Position
 from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
@@ -327,6 +329,14 @@ class Trainer(MMCVRunnerAttributes):
         """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
         return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)
 
+    def set_validation(self, loader, evaluator=None):
+        """Validate on ``loader`` (a DataLoader or a config) from now on, and with ``evaluator`` (as
+        ``val_evaluator`` accepts) when given: the one way to change them after construction
+        (MMCV's ``EvalHook`` brings both)."""
+        self.val_dataloader = self.build_val_loader(loader)
+        if evaluator is not None:
+            self.val_evaluator = build_evaluator(evaluator)
+
     # The counters live in ``self.position`` (see hookloop/engine/position.py); these read it
     # (attrgetter: a C-level getter, as cheap as a plain attribute for hooks reading it each step).
     epoch = property(attrgetter('position.epoch'), lambda self, v: setattr(self.position, 'epoch', v))
@@ -445,6 +455,11 @@ class Trainer(MMCVRunnerAttributes):
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
+
+    @property
+    def outcome(self):
+        """How this run ends (read-only, for hooks): :class:`~hookloop.engine.outcome.Outcome`."""
+        return Outcome.of(self._started, self._running, self.stop_reason, self.exception)
 
     def wake(self, hook):
         """Call ``hook`` at its training-iteration stages in the next iteration, whatever its
@@ -899,7 +914,7 @@ class Trainer(MMCVRunnerAttributes):
             point = elastic_resume.plan(self, meta, path)
         changes = self._config_changes(meta, point.iter)
         if changes and self.optimizer is not None:
-            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups):
+            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups, set_value):
                 self.logger.warning('%s', line)
         if meta.get('world_size', self.world_size) != self.world_size and not point.note:
             self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '

@@ -162,6 +162,15 @@ class Hook:
                  'before_val_epoch', 'before_val_iter', 'after_val_iter', 'after_val_epoch', 'after_run')
         return [stage for stage in order if overrides(self, stage)]
 
+    # -- what the hook writes where ----------------------------------------------------------
+    def output_dirs(self, trainer):
+        """The directories this hook writes into, ``{kind: path}`` (``kind``: ``'checkpoint'``,
+        ``'log'``, ``'pipeline'``, ...; ``path`` resolved: inside the storage dir for
+        checkpoints, the local work dir otherwise). ``train()`` checks each can be created
+        before anything is written; the run summary and the resume search look for
+        checkpoints in the ``'checkpoint'`` ones. Default: none."""
+        return {}
+
     # -- identity ------------------------------------------------------------------------
     @property
     def name(self):

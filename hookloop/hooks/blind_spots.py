@@ -15,7 +15,7 @@ from .base import ITERATION_STAGES, STAGES
 # stages (the trainer asks again after them during an epoch, and at every epoch's start) and
 # the state methods.
 _SAFE = frozenset(STAGES) - frozenset(ITERATION_STAGES) - {'before_iter', 'after_iter'} | {
-    'before_epoch', 'after_epoch', 'state_dict', 'load_state_dict', 'next_call', 'name'}
+    'before_epoch', 'after_epoch', 'state_dict', 'load_state_dict', 'next_call', 'name', 'output_dirs'}
 _blind_spots = weakref.WeakKeyDictionary()  # class -> {safe: the overrides its schedule cannot know}
 
 

@@ -85,10 +85,16 @@ class CheckpointHook(Hook):
         # Known before any state is loaded (a resume restores after setup, before before_run).
         # Checkpoints live under the storage dir (the work dir, or its URL).
         self._work_dir = trainer.storage_dir
-        self.directory = storage.join(trainer.storage_dir, os.fspath(self.out_dir)) if self.out_dir \
-            else trainer.storage_dir
+        self.directory = self.checkpoint_dir(trainer)
         if self.best is not None:
             self.best.bind(self.directory)
+
+    def output_dirs(self, trainer):
+        return {'checkpoint': self.checkpoint_dir(trainer)}
+
+    def checkpoint_dir(self, trainer):
+        """Where this hook saves: ``out_dir`` inside the storage dir (the work dir, or its URL)."""
+        return storage.join(trainer.storage_dir, os.fspath(self.out_dir)) if self.out_dir else trainer.storage_dir
 
     def before_run(self, trainer):
         if trainer.rank == 0:
@@ -126,7 +132,7 @@ class CheckpointHook(Hook):
     def after_load_checkpoint(self, trainer, checkpoint):
         # Retention counts the checkpoint the run continued from (a preempt or another
         # name), so max_keep_ckpts holds across any number of resumes.
-        resumed = getattr(trainer, 'resumed_from', None)
+        resumed = trainer.resumed_from
         directory = getattr(self, 'directory', None)
         if resumed and directory and self._owns(resumed) and resumed not in self.saved and \
                 (self.best is None or resumed != self.best.path):

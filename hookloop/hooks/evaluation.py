@@ -75,6 +75,11 @@ class EvaluationHook(Hook):
             trainer.val()
             self._keep_best(trainer, f'epoch_{trainer.epoch + 1}.pth')
 
+    def evaluation_loader(self, trainer):
+        """The loader this hook validates on: the trainer's ``val_dataloader`` (MMCV's
+        ``EvalHook`` brings its own). ``train()`` refuses to start when it is None."""
+        return trainer.val_dataloader
+
     def next_call(self, trainer, stage, start):
         if stage != 'after_train_iter':
             return None  # a stage this schedule was not written for

@@ -32,6 +32,7 @@ import math
 import torch
 
 from ..errors import ConfigError, InvalidLossError
+from ..optim import param_groups
 from ..priority import Priority
 from ..registry import HOOKS
 from .base import NEVER, Hook
@@ -120,11 +121,10 @@ class CheckInvalidLossHook(Hook):
             good_iter, state = self._good
             trainer.model.load_state_dict(state['model'])
             # keep the schedule where it is now: lr, momentum... are the LR/momentum hooks' business
-            settings = [{k: v for k, v in group.items() if k != 'params'} for group in trainer.optimizer.param_groups]
+            settings = param_groups.hyper_parameters(trainer.optimizer.param_groups)
             # a deep copy: the optimizer would otherwise share (and update) the snapshot's tensors
             trainer.optimizer.load_state_dict(copy.deepcopy(state['optimizer']))
-            for group, current in zip(trainer.optimizer.param_groups, settings):
-                group.update(current)
+            param_groups.restore_hyper_parameters(trainer.optimizer.param_groups, settings)
             rolled = ['model', 'optimizer']
             for hook in _rolled_back(trainer):
                 if hook.name in state['hooks']:

@@ -10,7 +10,7 @@ See ``docs/schedules.md`` for every policy and MMCV's surprising corners.
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from ..optim import schedules
+from ..optim import param_groups, schedules
 from .param_schedule import (AnnealingPolicy, CosineAnnealingPolicy, CyclicPolicy, LinearAnnealingPolicy,
                              OneCyclePolicy, ParamScheduleHook, StepPolicy, check_number, check_number_or_list,
                              per_group)
@@ -75,14 +75,10 @@ class LrUpdaterHook(ParamScheduleHook):
         return [lr * factor for lr in self.regular_lr]
 
     def read_base(self, trainer):
-        groups = trainer.optimizer.param_groups
-        for group in groups:
-            group.setdefault('initial_lr', group['lr'])
-        return [group['initial_lr'] for group in groups]
+        return param_groups.base_values(trainer.optimizer.param_groups, 'initial_lr', lambda group: group['lr'])
 
     def write(self, groups, values):
-        for group, lr in zip(groups, values):
-            group['lr'] = lr
+        param_groups.set_lr(groups, values)
 
     def warmup_values(self, cur_iter, regular):
         return self.get_warmup_lr(cur_iter)  # regular is self.regular_lr, which MMCV's method reads
@@ -262,8 +258,7 @@ class OneCycleLrUpdaterHook(OneCyclePolicy, LrUpdaterHook):
     def read_base(self, trainer):
         groups = trainer.optimizer.param_groups
         base = [lr / self.div_factor for lr in per_group(type(self).__name__, 'max_lr', self.max_lr, groups)]
-        for group, lr in zip(groups, base):
-            group.setdefault('initial_lr', lr)
+        param_groups.base_values(groups, 'initial_lr', base)
         return base
 
     def prepare(self, trainer):

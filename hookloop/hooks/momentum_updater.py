@@ -8,15 +8,12 @@ Warm-up *divides* the regular momentum by the warm-up factor, so it starts highe
 from ..errors import ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
-from ..optim import schedules
+from ..optim import param_groups, schedules
 from .param_schedule import (CosineAnnealingPolicy, CyclicPolicy, LinearAnnealingPolicy, OneCyclePolicy,
                              ParamScheduleHook, StepPolicy, check_number_or_list, per_group)
 
 
-def group_momentum(group):
-    if 'momentum' in group:
-        return group['momentum']
-    return group['betas'][0]
+group_momentum = param_groups.momentum_of
 
 
 class MomentumUpdaterHook(ParamScheduleHook):
@@ -81,17 +78,10 @@ class MomentumUpdaterHook(ParamScheduleHook):
 
     def read_base(self, trainer):
         self.check_groups(trainer)
-        groups = trainer.optimizer.param_groups
-        for group in groups:
-            group.setdefault('initial_momentum', group_momentum(group))
-        return [group['initial_momentum'] for group in groups]
+        return param_groups.base_values(trainer.optimizer.param_groups, 'initial_momentum', group_momentum)
 
     def write(self, groups, values):
-        for group, momentum in zip(groups, values):
-            if 'momentum' in group:
-                group['momentum'] = momentum
-            else:
-                group['betas'] = (momentum, group['betas'][1])
+        param_groups.set_momentum(groups, values)
 
     def warmup_values(self, cur_iter, regular):
         return self.get_warmup_momentum(cur_iter)  # regular is self.regular_mom, which MMCV's method reads
@@ -159,8 +149,8 @@ class OneCycleMomentumUpdaterHook(OneCyclePolicy, MomentumUpdaterHook):
         highs = per_group(owner, 'max_momentum', self._max_momentum, groups)
         self.check_groups(trainer)
         self.write(groups, highs)
-        for group, low, high in zip(groups, lows, highs):
-            group['base_momentum'], group['max_momentum'] = low, high
+        param_groups.set_values(groups, 'base_momentum', lows)
+        param_groups.set_values(groups, 'max_momentum', highs)
         self.cycle = list(zip(lows, highs))
         return highs
 

@@ -27,7 +27,7 @@ import contextlib
 
 import torch
 
-from ..optim.amp import autocast_factory, build_grad_scaler, check_loss_scale, check_precision, mmcv_fp16_modules, \
+from ..optim.amp import autocast_factory, build_grad_scaler, check_loss_scale, check_precision, enable_fp16, \
     scale_tensor
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
@@ -86,11 +86,7 @@ class OptimizerProcessor:
                 self._scale_book.close()
             self._scale_book = ScaleBook.attach(self.scaler, self.optimizer, isinstance(self.loss_scale, float))
             trainer.step.loss_scaling = True  # inf/NaN gradients skip a step: not a failure by itself
-            legacy = mmcv_fp16_modules(trainer.model)
-            if legacy:  # MMCV-style model: its auto_fp16/force_fp32 methods choose what runs in fp16
-                for module in legacy:
-                    module.fp16_enabled = True
-            else:
+            if not enable_fp16(trainer.model):  # an MMCV-style model's auto_fp16 methods choose what runs in fp16
                 autocast = autocast_factory(trainer.device, 'fp16')
         elif self.precision == 'bf16':
             autocast = autocast_factory(trainer.device, 'bf16')

@@ -111,10 +111,10 @@ class PreemptionHook(Hook):
         try:
             # Every rank started the last all-reduce: finish it together (after an error a
             # peer may be gone, so do not wait then).
-            if self._pending is not None and trainer.exception is None:
+            if self._pending is not None and not trainer.outcome.failed:
                 self._pending.wait()
             self._pending = None
-            if self.stopping and self.save and trainer.exception is None:
+            if self.stopping and self.save and not trainer.outcome.failed:
                 epoch, it, _ = trainer.position.resume_point()
                 path = trainer.save_checkpoint(f'preempt_iter_{it}.pth')
                 trainer.logger.info('%s: saved %s at epoch %d, iteration %d; continue with --resume auto',

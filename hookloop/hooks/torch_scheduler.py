@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import torch
 
 from ..errors import ConfigError
+from ..optim import param_groups
 from ..priority import Priority
 from ..registry import HOOKS, check_call_arguments, closest_names
 from .base import NEVER, Hook
@@ -79,15 +80,14 @@ class TorchSchedulerHook(Hook):
             # Building steps the scheduler once, which rewrites the groups' lr; a resumed run
             # (restored before before_run) keeps the checkpoint's values and the saved state.
             lrs = [group['lr'] for group in trainer.optimizer.param_groups]
-            self.scheduler = self._build(trainer.optimizer)
+            self.scheduler = param_groups.build_scheduler(self._build, trainer.optimizer)
             if not isinstance(self.scheduler, torch.optim.lr_scheduler.LRScheduler):
                 raise ConfigError(f'{type(self).__name__}: the scheduler function returned '
                                   f'{type(self.scheduler).__name__}, not a torch LRScheduler')
             if self._pending is not None:
                 self.scheduler.load_state_dict(self._pending)
                 self._pending = None
-                for group, lr in zip(trainer.optimizer.param_groups, lrs):
-                    group['lr'] = lr
+                param_groups.set_lr(trainer.optimizer.param_groups, lrs)
         if self.scheduler.optimizer is not trainer.optimizer:
             raise ConfigError(f'{type(self).__name__}: the scheduler was built on another optimizer than the '
                               "trainer's; pass a dict or a function optimizer -> scheduler instead")
@@ -95,7 +95,7 @@ class TorchSchedulerHook(Hook):
     def _catch_up(self, done):
         # ``last_epoch`` counts the steps made; step until it matches the units completed.
         while self.scheduler.last_epoch < done:
-            self.scheduler.step()
+            param_groups.step_scheduler(self.scheduler)
 
     def before_train_epoch(self, trainer):
         if self.by_epoch:

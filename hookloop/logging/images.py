@@ -1,11 +1,11 @@
-"""The image channel: any hook or model publishes images, every logger hook writes them.
+"""The image channel: any hook or model publishes images, every hook that accepts them writes them.
 
-``publish_images(trainer, tag, images, step)`` hands a list of images to each registered
-logger hook's :meth:`~hookloop.hooks.loggers.base.LoggerHook.write_images`, which (on rank 0,
-while the logger is open) calls the tracker's own ``log_images(trainer, tag, images, step)``:
-TensorBoard image summaries, W&B ``wandb.Image``, MLflow ``log_image``, Neptune
-``File.as_image`` series, DVCLive ``log_image``; the text logger writes one line. A tracker
-without images in its API inherits the no-op.
+``publish_images(trainer, tag, images, step)`` asks each registered hook ``accepts_images(trainer)``
+(the channel's declaration: :class:`~hookloop.hooks.loggers.base.LoggerHook` says True on rank 0,
+while it is open, when its class implements ``log_images``) and hands the images to those that do,
+through their ``log_images(trainer, tag, images, step)``: TensorBoard image summaries, W&B
+``wandb.Image``, MLflow ``log_image``, Neptune ``File.as_image`` series, DVCLive ``log_image``
+(the text logger has no image API: it does not accept them). A hook without ``accepts_images`` is not part of the channel.
 
 Images are PIL images, or ``(H, W, 3)`` / ``(H, W)`` uint8 arrays, or ``(3, H, W)`` float
 tensors in [-1, 1] (a sample as the diffusion back-ends produce it); loggers receive
@@ -37,10 +37,10 @@ def as_uint8_hwc(image):
 
 def publish_images(trainer, tag, images, step):
     """Give ``images`` (a list) under ``tag`` (e.g. ``'validation/a photo of sks dog'``)
-    at ``step`` to every logger hook of ``trainer``. Returns the images as converted."""
-    from ..hooks.loggers.base import LoggerHook  # the loggers import this module's helpers
+    at ``step`` to every hook of ``trainer`` that accepts images. Returns the images as converted."""
+    receivers = [hook for hook in trainer.hooks
+                 if getattr(hook, 'accepts_images', None) is not None and hook.accepts_images(trainer)]
     arrays = [as_uint8_hwc(image) for image in images]
-    for hook in trainer.hooks:
-        if isinstance(hook, LoggerHook):
-            hook.write_images(trainer, tag, arrays, step)
+    for hook in receivers:
+        hook.log_images(trainer, tag, arrays, step)
     return arrays

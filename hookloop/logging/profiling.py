@@ -2,10 +2,11 @@
 
 With ``Trainer(profile_hooks=True)`` (``hookloop train --profile-hooks``) the trainer
 times every hook method it calls into ``trainer.hook_timings[(hook, stage)] = [seconds,
-calls]``; at the end of the run :func:`report_hook_timings` prints the table and
-appends it to the JSON log as one ``{"mode": "profile", ...}`` object.
+calls]``. Each logger hook, as it closes (``after_run``, before ``close``), is handed
+:func:`profile_record` through its ``log_profile(trainer, record)`` (the text logger writes it to
+its JSON log as one ``{"mode": "profile", ...}`` object); after the run
+:func:`report_hook_timings` prints the whole run's table. Nothing here writes a logger's file.
 """
-import os
 
 
 def timing_rows(hook_timings):
@@ -33,13 +34,17 @@ def format_timing_table(rows):
     return '\n'.join(lines)
 
 
+def profile_record(trainer):
+    """The profile so far as a log record ``{'mode': 'profile', 'iter', 'hooks': rows}``, or None
+    without ``profile_hooks`` (rank 0 only: the loggers write there)."""
+    if not trainer.profile_hooks or trainer.rank != 0:
+        return None
+    return {'mode': 'profile', 'iter': trainer.iter, 'hooks': timing_rows(trainer.hook_timings)}
+
+
 def report_hook_timings(trainer):
-    """Log the table (rank 0) and append it to ``<work_dir>/<timestamp>.log.json`` when that exists."""
-    from ..hooks.loggers.text import append_json, json_log_path
+    """Log the table of the whole run (rank 0)."""
     if trainer.rank != 0:
         return
     rows = timing_rows(trainer.hook_timings)
     trainer.logger.info('time spent in hooks, slowest first:\n%s', format_timing_table(rows))
-    path = json_log_path(trainer)
-    if os.path.exists(path):
-        append_json(path, {'mode': 'profile', 'iter': trainer.iter, 'hooks': rows})

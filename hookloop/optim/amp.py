@@ -6,8 +6,13 @@ Two ways to train in reduced precision:
   ``torch.autocast`` (and, for fp16, scales the loss with ``torch.amp.GradScaler``);
 * MMCV-style models: methods decorated with :func:`auto_fp16` / :func:`force_fp32` run in
   reduced precision only when the module's ``fp16_enabled`` is True; with ``precision='fp16'``
-  the optimizer hook sets that flag on every module that has it and leaves the forward
-  alone, so only the decorated methods autocast (MMCV's behaviour).
+  the optimizer hook's set-up calls :func:`enable_fp16` (MMCV's ``wrap_fp16_model``, which
+  ``Fp16OptimizerHook.before_run`` calls in MMCV) and leaves the forward alone, so only the
+  decorated methods autocast (MMCV's behaviour).
+
+``module.fp16_enabled`` has one writer in hookloop, :func:`enable_fp16` (docs/hooks.md, the
+contract table): the optimizer processor's ``initialize_optimizer`` at set-up and
+``hookloop.compat.mmcv.wrap_fp16_model``. Only modules that declare the attribute are touched.
 """
 import functools
 import inspect
@@ -85,6 +90,16 @@ def autocast_factory(device, precision):
 def mmcv_fp16_modules(model):
     """The submodules that declare an ``fp16_enabled`` attribute (MMCV-style models)."""
     return [module for module in model.modules() if hasattr(module, 'fp16_enabled')]
+
+
+def enable_fp16(model):
+    """Turn on MMCV's ``fp16_enabled`` switch of every submodule of ``model`` that declares one
+    (MMCV's ``wrap_fp16_model`` semantics: the weights stay float32; ``auto_fp16`` methods then
+    run under fp16 autocast). Returns those modules (empty: a plain model, autocast instead)."""
+    modules = mmcv_fp16_modules(model)
+    for module in modules:
+        module.fp16_enabled = True
+    return modules
 
 
 def cast_tensor_type(value, src_type, dst_type):
@@ -173,4 +188,4 @@ def force_fp32(apply_to=None, out_fp16=False):
 
 
 __all__ = ['PRECISIONS', 'check_precision', 'check_loss_scale', 'build_grad_scaler', 'scale_tensor',
-           'autocast_factory', 'mmcv_fp16_modules', 'cast_tensor_type', 'auto_fp16', 'force_fp32']
+           'autocast_factory', 'mmcv_fp16_modules', 'enable_fp16', 'cast_tensor_type', 'auto_fp16', 'force_fp32']

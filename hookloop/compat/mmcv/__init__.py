@@ -30,7 +30,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn import SyncBatchNorm
 
-from ...optim.amp import auto_fp16, cast_tensor_type, force_fp32, mmcv_fp16_modules
+from ...optim.amp import auto_fp16, cast_tensor_type, enable_fp16, force_fp32
 from ...checkpoint.format import load_checkpoint as _load_file, save_checkpoint as _save_file
 from ...dist.process_group import get_rank, get_world_size, init_distributed
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
@@ -97,8 +97,7 @@ def init_dist(launcher, backend='nccl', **kwargs):
 def wrap_fp16_model(model):
     """Turn on MMCV's ``fp16_enabled`` switches. The weights stay float32: ``auto_fp16``
     runs the decorated methods under fp16 autocast instead of casting the model to half."""
-    for module in mmcv_fp16_modules(model):
-        module.fp16_enabled = True
+    enable_fp16(model)
     return model
 
 

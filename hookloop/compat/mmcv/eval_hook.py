@@ -55,10 +55,12 @@ class EvalHook(EvaluationHook):
                             if k not in ('gpu_collect', 'tmpdir', 'broadcast_bn_buffer', 'pre_eval')}
         self.evaluator = _HookEvaluator(self)
 
+    def evaluation_loader(self, trainer):
+        return self.dataloader
+
     def before_run(self, trainer):
         # This hook brings the val data and the dataset's evaluator (MMCV's EvalHook holds both).
-        trainer.val_dataloader = trainer.build_val_loader(self.dataloader)
-        trainer.val_evaluator = self.evaluator
+        trainer.set_validation(self.dataloader, self.evaluator)
         self.evaluator.trainer = trainer
 
     def evaluate(self, runner, results):

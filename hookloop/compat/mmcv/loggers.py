@@ -5,6 +5,7 @@ MMCV's loggers name the schedule values ``learning_rate`` / ``momentum`` (``/<na
 optimizer of a dict) and log a train-step model's ``log_vars`` only; :func:`mmcv_tags`
 builds that dict from a hookloop log record.
 """
+from ...engine.model_step import has_train_step
 from ...errors import ConfigError
 from ...hooks import Hook, LoggerHook
 from ...hooks.loggers.base import require
@@ -35,7 +36,7 @@ def mmcv_tags(trainer, record):
     """MMCV ``LoggerHook.get_loggable_tags`` of a record: its numbers (no position or
     timing keys), then ``learning_rate`` / ``momentum`` on train records."""
     outputs = trainer.outputs or {}
-    own_log_vars = not getattr(trainer, '_model_train_step', False) or 'log_vars' in outputs
+    own_log_vars = not has_train_step(trainer.model) or 'log_vars' in outputs
     tags = {key: value for key, value in record.items() if key not in _POSITION_KEYS
             and isinstance(value, (int, float)) and not isinstance(value, bool)
             and (own_log_vars or key != 'loss')}  # MMCV logs a train_step's log_vars only
@@ -129,7 +130,7 @@ class MlflowLoggerHook(MMCVTrackerHook):
         self.mlflow.log_metrics(tags, step=step)
 
     def close(self, trainer):
-        if self.log_model and trainer.exception is None:
+        if self.log_model and not trainer.outcome.failed:
             self.mlflow_pytorch.log_model(trainer.model, 'models')
 
 
@@ -197,7 +198,7 @@ class DvcliveLoggerHook(MMCVTrackerHook):
             self.dvclive.log(name, value)
 
     def close(self, trainer):
-        if self.model_file is not None and trainer.exception is None:
+        if self.model_file is not None and not trainer.outcome.failed:
             from . import save_checkpoint
             save_checkpoint(trainer.model, self.model_file)
 

@@ -214,9 +214,8 @@ class BaseRunner:
         trainer = self.trainer
         train_index = modes.index('train')
         if 'val' in modes:
-            trainer.val_dataloader = trainer.build_val_loader(data_loaders[modes.index('val')])
-            if trainer.val_evaluator is None:
-                trainer.val_evaluator = LogVarsEvaluator()
+            trainer.set_validation(data_loaders[modes.index('val')],
+                                   LogVarsEvaluator() if trainer.val_evaluator is None else None)
             if not any(getattr(h, 'ROLE', None) == 'evaluation' for h in trainer.hooks):
                 trainer.register_hook(EvaluationHook(interval=workflow[train_index][1], by_epoch=self.by_epoch))
         trainer.set_train_dataloader(data_loaders[train_index], **{length_key: length})

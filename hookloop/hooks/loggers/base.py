@@ -9,6 +9,7 @@ import torch
 
 from ...errors import ConfigError
 from ...fileio.paths import ensure_writable_dir
+from ...logging.profiling import profile_record
 from ...priority import Priority
 from ..base import Hook
 
@@ -85,16 +86,18 @@ class LoggerHook(Hook):
     with ``mode`` ('train' or 'val'), ``epoch`` (1-based), ``iter`` (the step), for
     'train' ``inner_iter`` when ``by_epoch``, then the metrics as floats.
 
-    Images come through :func:`hookloop.logging.images.publish_images`, which calls
-    ``write_images``; a subclass with an image API implements ``log_images(trainer, tag,
-    images, step)`` (``images``: a list of ``(H, W, 3)`` uint8 arrays).
+    Images come through :func:`hookloop.logging.images.publish_images`, which asks
+    ``accepts_images(trainer)`` and calls ``log_images(trainer, tag, images, step)``
+    (``images``: a list of ``(H, W, 3)`` uint8 arrays) of the loggers that accept them: a
+    subclass with an image API implements ``log_images``.
     """
 
     PRIORITY = Priority.VERY_LOW
     ROLE = 'logger'
     RUNS_AFTER = ('*',)  # loggers see everything the other hooks produced
     # Called only at log events, which next_call names: a subclass may override them and keep the schedule.
-    NEXT_CALL_COVERS = ('open', 'close', 'log', 'log_images', 'write_images', 'train_record')
+    NEXT_CALL_COVERS = ('open', 'close', 'log', 'log_images', 'write_images', 'accepts_images', 'train_record',
+                        'log_profile')
 
     def __init__(self, interval=10, ignore_last=True, by_epoch=True):
         self.interval = _positive_int(type(self).__name__, 'interval', interval)
@@ -152,6 +155,9 @@ class LoggerHook(Hook):
             self.log(trainer, record)
         self._pending = []
         if self._opened:
+            profile = profile_record(trainer)  # with profile_hooks: before the destination closes
+            if profile is not None:
+                self.log_profile(trainer, profile)
             self._opened = False
             self.close(trainer)
 
@@ -189,9 +195,19 @@ class LoggerHook(Hook):
         return {k: v for k, v in record.items() if k not in ('mode', 'epoch', 'iter', 'inner_iter')
                 and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
+    @property
+    def is_open(self):
+        """True between ``open`` and ``close`` (rank 0, during a run)."""
+        return self._opened
+
+    def accepts_images(self, trainer):
+        """The image channel's declaration (see :mod:`hookloop.logging.images`): open, and the
+        class implements ``log_images``."""
+        return self._opened and type(self).log_images is not LoggerHook.log_images
+
     def write_images(self, trainer, tag, images, step):
-        """The image channel's entry (see :mod:`hookloop.logging.images`): rank 0, while open."""
-        if self._opened:
+        """Write ``images`` now if this logger accepts them (the channel's call, for one logger)."""
+        if self.accepts_images(trainer):
             self.log_images(trainer, tag, images, step)
 
     # -- the destination ------------------------------------------------------------------
@@ -200,6 +216,10 @@ class LoggerHook(Hook):
 
     def log_images(self, trainer, tag, images, step):
         pass
+
+    def log_profile(self, trainer, record):
+        """The hook-profiling record (:func:`hookloop.logging.profiling.profile_record`), given once
+        as the run ends, before ``close``; default: not written."""
 
     def log(self, trainer, record):
         raise NotImplementedError

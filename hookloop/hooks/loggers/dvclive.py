@@ -53,7 +53,7 @@ class DvcliveLoggerHook(LoggerHook):
 
     def close(self, trainer):
         try:
-            if self.model_file and trainer.exception is None:
+            if self.model_file and not trainer.outcome.failed:
                 path = os.path.join(trainer.work_dir, self.model_file)
                 if os.path.exists(path):
                     self.live.log_artifact(path)

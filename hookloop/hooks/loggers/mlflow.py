@@ -72,11 +72,11 @@ class MlflowLoggerHook(LoggerHook):
 
     def close(self, trainer):
         try:
-            if self.log_model and trainer.exception is None:
+            if self.log_model and not trainer.outcome.failed:
                 import mlflow.pytorch
                 # pip_requirements given: inferring them scans the environment (slow). The
                 # pickle format as in MMCV: mlflow's 'pt2' needs an input example to trace.
                 mlflow.pytorch.log_model(trainer.model, name='models', pip_requirements=['torch'],
                                          serialization_format='pickle')
         finally:
-            self.mlflow.end_run(status='FINISHED' if trainer.exception is None else 'FAILED')
+            self.mlflow.end_run(status='FAILED' if trainer.outcome.failed else 'FINISHED')

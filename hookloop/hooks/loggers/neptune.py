@@ -36,6 +36,6 @@ class NeptuneLoggerHook(LoggerHook):
             self.run[f'{tag}/{index}'].append(File.as_image(image.astype('float32') / 255.0), step=step)
 
     def close(self, trainer):
-        if trainer.exception is not None:
+        if trainer.outcome.failed:
             self.run['sys/failed'] = True
         self.run.stop()

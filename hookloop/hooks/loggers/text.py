@@ -54,6 +54,9 @@ class TextLoggerHook(LoggerHook):
         self._time_sum = 0.0  # sum of logged ``time`` averages x interval: the ETA's basis
         self._wall_start = time.perf_counter()
 
+    def output_dirs(self, trainer):
+        return {'log': os.path.join(trainer.work_dir, os.fspath(self.out_dir))} if self.out_dir is not None else {}
+
     def open(self, trainer):
         if self.out_dir is not None:
             check_writable_dir(os.path.join(self.out_dir, os.path.basename(trainer.work_dir)), type(self).__name__)
@@ -81,6 +84,9 @@ class TextLoggerHook(LoggerHook):
             where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
             line = f'{where}  {items}'
         info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
+        self._write_json(record)
+
+    def log_profile(self, trainer, record):
         self._write_json(record)
 
     def _write_json(self, record):

@@ -50,11 +50,11 @@ class WandbLoggerHook(LoggerHook):
 
     def close(self, trainer):
         try:
-            if self.log_artifact and trainer.exception is None:
+            if self.log_artifact and not trainer.outcome.failed:
                 artifact = self.wandb.Artifact(name=f'{self.run.id}-logs', type='logs')
                 for name in sorted(os.listdir(trainer.work_dir)):
                     if name.endswith(self.out_suffix):
                         artifact.add_file(os.path.join(trainer.work_dir, name))
                 self.run.log_artifact(artifact)
         finally:
-            self.run.finish(exit_code=0 if trainer.exception is None else 1)
+            self.run.finish(exit_code=1 if trainer.outcome.failed else 0)
