@@ -45,10 +45,6 @@ HOOK_PACKAGES = {'hookloop.hooks', 'hookloop.hooks.loggers'}
 # Violations whose fix arrives with the other branches of issue #24; the merge empties this
 # list (test_known_pending_violations_still_exist fails once one is fixed, so it is not forgotten).
 KNOWN_PENDING = {
-    # publish_images finds the loggers by walking trainer.hooks: becomes a logger image channel
-    ('hookloop.logging.images', 'hookloop.hooks.loggers.base'),
-    # the profiler appends to TextLoggerHook's JSON log: becomes a write through the logger's API
-    ('hookloop.logging.profiling', 'hookloop.hooks.loggers.text'),
     # config translation moves out of Trainer.__init__ into build_trainer / the CLI
     ('hookloop.engine.trainer', 'hookloop.compat.mmcv_runner'),
     ('hookloop.engine.trainer', 'hookloop.compat.mmcv_config'),
