@@ -3,56 +3,47 @@
 Everything optional — stepping the optimizer, schedules, checkpoints, logging —
 is a hook. The loop only fetches batches, runs the model step and calls the
 hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
+Checkpoints are the :class:`~hookloop.engine.checkpointer.Checkpointer`'s (``trainer.checkpointer``),
+the work dir and its lock the :class:`~hookloop.fileio.work_dir.WorkDir`'s (``trainer.workspace``).
 """
 import contextlib
 import importlib
+import inspect
 import itertools
 import math
-import os
 import random
 import time
-import weakref
 from collections.abc import Mapping
 from operator import attrgetter
 
 import torch
 
-from .. import __version__
-from .builder import build_dataloader, build_model, build_optimizer
-from ..checkpoint.async_writer import AsyncCheckpointWriter
-from ..checkpoint.finite_state import check_finite_state
-from ..fileio import storage
-from .compile import compile_model, compile_options
-from ..checkpoint.format import get_rng_state, load_checkpoint, set_rng_state
-from ..checkpoint.format import write_checkpoint as write_checkpoint_file
+from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from ..data.resumable import seed_everything, set_loader_epoch
+from ..data.train_stream import TrainStream, dataset_name
+from ..dist.fsdp import is_sharded_checkpoint, is_sharded_model
 from ..dist.process_group import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
-from ..compat.mmcv_runner import MMCVRunnerAttributes, model_meta, revise_state_keys  # MMCV runner names
-from ..errors import CheckpointError, ConfigError, DataError, HookloopError
-from .evaluator import build_evaluator, real_samples, take_first
-from ..dist.fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
-from .hook_list import HookList
-from ..hooks.base import SETUP_STAGE, STAGES
-from ..hooks.order import role_of
-from .iteration_calls import iteration_stages
+from ..checkpoint.resume_changes import RESUME_POLICIES
+from ..errors import CheckpointError, ConfigError, DataError
+from ..fileio import storage
+from ..fileio.work_dir import WorkDir
+from ..hooks.base import STAGES
 from ..logging.logger import close_logger, create_logger, start_log_file
 from ..logging.meters import MeterBuffer
-from ..fileio.paths import check_can_create_dir, ensure_writable_dir
+from ..registry import TRAINERS
+from . import elastic_resume, resume_request
+from .builder import build_dataloader, build_model, build_optimizer
+from .checkpointer import Checkpointer
+from .compile import compile_model, compile_options
+from .dispatch import build_dispatch, call_after_run, hook_name, say_where, setup_hooks
+from .evaluator import build_evaluator, real_samples, take_first
+from .hook_list import HookList
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
 from .position import BETWEEN, ITERATION_DONE, Position
-from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
-from ..registry import TRAINERS
-from . import elastic_resume
-from . import resume_request
-from ..checkpoint.resume_changes import RESUME_POLICIES, apply_optimizer_changes, config_differences, describe
-from ..checkpoint.resume_search import find_resumable, load_verified
-from ..checkpoint.restore_checks import check_optimizer_fits
+from .runner_names import MMCVRunnerAttributes, needs_translation, refuse_untranslated
 from .step import StepState
-from ..data.train_stream import TrainStream, dataset_name
-from ..checkpoint.trained_state import frozen_meta, load_trained_state, trained_state_dict
-from ..fileio.work_dir_lock import WorkDirLock
 
 
 def _positive_int(name, value):
@@ -63,22 +54,8 @@ def _positive_int(name, value):
     return value
 
 
-def plain(value):
-    """``value`` with everything that is not a plain container, number or string
-    replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, tuple):  # kept a tuple (MMCV's CLASSES): weights_only loads tuples
-        return tuple(plain(v) for v in value)
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
-
-
 @TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
-class Trainer(MMCVRunnerAttributes):
+class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner names hooks read
     """Runs training with hooks.
 
     Args:
@@ -131,9 +108,11 @@ class Trainer(MMCVRunnerAttributes):
         device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
             on a side stream) while the current step runs (``hookloop/data/prefetch.py``); no effect
             on the CPU.
-        **mmcv_keys: MMCV 1.x config keys (``runner``, ``data``, ``workflow``, ``fp16``, ...), translated
-            by :mod:`hookloop.compat.mmcv_config`; other names are refused, with "did you mean".
+        Arguments are hookloop's own; other names are refused with a "did you mean". A config
+        written for MMCV 1.x (``runner``, ``data``, ``workflow``, ``fp16``, ...) or ModelScope is
+        translated by :func:`~hookloop.build_trainer` / :meth:`from_config`, not here.
     """
+
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
                  max_epochs=None, max_iters=None, work_dir='work_dirs/default', seed=None, device=None,
@@ -143,15 +122,9 @@ class Trainer(MMCVRunnerAttributes):
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
                  resume_policy=None, compile=None, device_prefetch=True, val_iters=None, **mmcv_keys):
-        arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
-        arguments.update(mmcv_keys)
-        from ..compat.mmcv_config import needs_translation, translate
-        if needs_translation(arguments) or mmcv_keys:  # MMCV 1.x keys (runner=, data=, ...): hookloop's names
-            arguments, notes = translate(arguments, Trainer)
-            Trainer.__init__(self, **arguments)
-            for note in notes:
-                self.logger.info(note)
-            return
+        if mmcv_keys or needs_translation({'custom_imports': custom_imports, 'evaluation': evaluation}):
+            raise refuse_untranslated({'custom_imports': custom_imports, 'evaluation': evaluation}, mmcv_keys,
+                                      self._arguments())
         modules = [custom_imports] if isinstance(custom_imports, str) else custom_imports or []
         if not isinstance(modules, (list, tuple)):
             raise ConfigError(f'custom_imports must be a module name or a list of them, got {custom_imports!r}')
@@ -190,7 +163,8 @@ class Trainer(MMCVRunnerAttributes):
         # storage_dir: where checkpoints and the pointer go (a path or an fsspec URL);
         # work_dir: a local directory for files written with open() (logs, event files),
         # the same as storage_dir unless that is a URL (then copied there at the end).
-        self.storage_dir, self.work_dir = self._make_work_dir(work_dir)
+        self.workspace = WorkDir(work_dir, self.rank)
+        self.storage_dir, self.work_dir = self.workspace.storage_dir, self.workspace.local_dir
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
         seed_given = seed is not None
@@ -221,7 +195,6 @@ class Trainer(MMCVRunnerAttributes):
         self.profile_hooks = profile_hooks
         self.hook_timings = {}  # (hook name, stage) -> [seconds, calls], with profile_hooks
         self.optimizer = build_optimizer(optimizer, self.model)
-        self._optimizer_cfg = optimizer if isinstance(optimizer, Mapping) else None  # a resume rebuilds its groups
         self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
         self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
         self.val_evaluator = build_evaluator(val_evaluator)
@@ -243,48 +216,27 @@ class Trainer(MMCVRunnerAttributes):
         self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
         self._in_epoch = False  # the iteration stages are planned: other stages' calls ask again
         self._running = False
-        self._lock = WorkDirLock(self.work_dir)  # the local work dir (for a URL run: its local mirror)
         self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
-        self._checkpoint_writer = None  # the background writer of async saves, made on first use
+        # A resume with another optimizer config rebuilds its fresh groups from the config.
+        self.checkpointer = Checkpointer(self, optimizer if isinstance(optimizer, Mapping) else None)
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
             self._hook_list.register_evaluation(evaluation)
 
+
+    @classmethod
+    def from_config(cls, cfg):
+        """The trainer a config dict describes (hookloop's, MMCV 1.x's or ModelScope's; see
+        :func:`~hookloop.build_trainer`), as ``build_trainer(cls, default_args=cfg)``."""
+        from .from_config import build_trainer
+        return build_trainer(cls, default_args=cfg)
+
+    @classmethod
+    def _arguments(cls):
+        return [name for name in inspect.signature(cls.__init__).parameters if name not in ('self', 'mmcv_keys')]
+
     # -- set-up ----------------------------------------------------------------------------
-    def _make_work_dir(self, work_dir):
-        if not isinstance(work_dir, (str, os.PathLike)):
-            raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
-        work_dir = os.fspath(work_dir)
-        if work_dir.startswith('file://'):  # a local directory: one lock, one spelling (its real path)
-            work_dir = work_dir[len('file://'):] or '/'
-        if storage.is_url(work_dir):
-            # Created when the run starts too (_claim_work_dir); the protocol is checked now.
-            storage.check_url(work_dir, 'work_dir')  # s3://b/x/../run is a key of its own, never s3://b/run
-            url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
-            if self.rank == 0:
-                storage.filesystem(url)  # an unknown protocol fails here, in one line
-                check_can_create_dir(work_dir, 'local mirror of work_dir')
-            return url, work_dir
-        work_dir = os.path.abspath(work_dir)
-        if self.rank == 0:  # created when the run starts, so a failed build leaves nothing behind
-            check_can_create_dir(work_dir, 'work_dir')
-        return work_dir, work_dir
-
-    def _claim_work_dir(self):
-        """Rank 0: create the work dir and take its lock for the whole run (one run per dir)."""
-        if self.rank != 0:
-            return
-        ensure_writable_dir(self.work_dir, 'work_dir' if self.storage_dir == self.work_dir else
-                            'local mirror of work_dir')
-        self._lock.acquire()
-        if self.storage_dir != self.work_dir:  # a URL: not locked across machines (see docs/checkpoints.md)
-            try:
-                storage.makedirs(self.storage_dir)
-            except BaseException:
-                self._lock.release()
-                raise
-
     def _init_progress(self):
         loader = self.train_dataloader
         if loader is None:
@@ -376,46 +328,8 @@ class Trainer(MMCVRunnerAttributes):
     def resolve_hooks(self):
         """Add default hooks for empty roles, build the stage -> methods dispatch table and
         run ``setup`` of the hooks that have not been set up on this trainer yet."""
-        if self._dispatch is None:
-            # Several optimizers with a train_step model: the model steps them (MMCV's GAN contract).
-            model_steps = self._model_train_step and not isinstance(self.optimizer, torch.optim.Optimizer)
-            self._hook_list.add_defaults(self.optimizer is not None and not model_steps,
-                                         self.val_dataloader is not None)
-            table = self._hook_list.stage_table()
-            self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
-                                      for h in hooks]
-                              for stage, hooks in table.items()}
-            self._iteration_stages = iteration_stages(table, self._dispatch, self._call_each)
+        build_dispatch(self)
         return self._hook_list.stage_table()
-
-    def _setup_hooks(self):
-        """``setup(trainer)`` once per hook and trainer, in the order of the setup stage."""
-        for hook, method in zip(self._hook_list.stage_table()[SETUP_STAGE], self._dispatch[SETUP_STAGE]):
-            if not self._was_set_up(hook):
-                try:
-                    self._set_up[id(hook)] = weakref.ref(hook)  # a new hook reusing a dead one's id: ref() is None
-                except TypeError:  # no weak references to it: hold the hook itself
-                    self._set_up[id(hook)] = lambda hook=hook: hook
-                method(self)
-
-    def _was_set_up(self, hook):
-        ref = self._set_up.get(id(hook))
-        return ref is not None and ref() is hook
-
-    def _timed(self, hook, stage):
-        """``hook``'s ``stage`` method, adding its run time to ``hook_timings``."""
-        method, timing = getattr(hook, stage), self.hook_timings.setdefault((hook.name, stage), [0.0, 0])
-        clock = time.perf_counter
-
-        def timed(*args):
-            start = clock()
-            try:
-                return method(*args)
-            finally:
-                timing[0] += clock() - start
-                timing[1] += 1
-        timed.__self__ = hook
-        return timed
 
     def hook_order_table(self):
         """The per-stage run order with priorities and declared dependencies."""
@@ -474,22 +388,22 @@ class Trainer(MMCVRunnerAttributes):
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
         check_before_run(self)
-        self._claim_work_dir()
+        self.workspace.claim()
         try:
-            resume_path, resume_checkpoint = self._resume_target()
+            resume_path, resume_checkpoint = self.checkpointer.resume_target()
             if resume_checkpoint is not None:  # a change the data cannot follow is refused before anything runs
                 resume_point = elastic_resume.plan(self, resume_checkpoint['meta'], resume_path)
                 resume_request.adopt_seed(self, resume_checkpoint['meta'])
         except BaseException:
-            self._lock.release()
+            self.workspace.release()
             raise
         if resume_checkpoint is not None and resume_point.iter >= self.max_iters:
             try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
-                self._setup_hooks()
-                self._restore(resume_path, resume_checkpoint)
+                setup_hooks(self)
+                self.checkpointer.restore(resume_path, resume_checkpoint)
             finally:
-                self._lock.release()
-            self._say_complete(resume_point)
+                self.workspace.release()
+            self.checkpointer.say_complete(resume_point)
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
@@ -502,9 +416,9 @@ class Trainer(MMCVRunnerAttributes):
         try:
             if self.load_from is not None and resume_path is None and not self._started:
                 self.load_weights(self.load_from)
-            self._setup_hooks()
+            setup_hooks(self)
             if resume_path is not None:  # the trainer's job: before before_run, so every hook starts from it
-                self._restore(resume_path, resume_checkpoint)
+                self.checkpointer.restore(resume_path, resume_checkpoint)
                 run_start = (run_start[0], self.iter)
             self._started, self._resume_again = True, False
             self.call_hook('before_run')
@@ -526,7 +440,7 @@ class Trainer(MMCVRunnerAttributes):
         try:
             self._after_run(run_start)
         finally:
-            self._lock.release()
+            self.workspace.release()
 
     def _after_run(self, run_start):
         save_error = None
@@ -538,29 +452,11 @@ class Trainer(MMCVRunnerAttributes):
                 self.exception = exc
             else:
                 self.logger.error('%s (while handling %r)', exc, self.exception)
-        if self.exception is None:
-            # Every hook's after_run runs (loggers close) even when an earlier one fails.
-            failure = None
-            for method in self._dispatch['after_run']:
-                try:
-                    method(self)
-                except BaseException as exc:
-                    if failure is None:
-                        failure = exc
-                    else:
-                        self.logger.error('%s.after_run also failed: %r', hook_name(method), exc)
-            if failure is not None:
-                self.exception = failure
-                raise failure
-        else:
-            if self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
-                self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
-            for method in self._dispatch['after_run']:
-                try:
-                    method(self)
-                except Exception as hook_error:  # keep the error that stopped training
-                    self.logger.error('%s.after_run failed while handling %r: %r',
-                                      hook_name(method), self.exception, hook_error)
+        failed = self.exception is not None
+        if failed and self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
+            self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
+        call_after_run(self)  # every hook's, even when one fails
+        if failed:
             # Leave the process group now: ranks waiting for this one in a collective see
             # the connection close and fail at once instead of waiting for dist_timeout.
             teardown()
@@ -571,18 +467,10 @@ class Trainer(MMCVRunnerAttributes):
         if self.profile_hooks:
             from ..logging.profiling import report_hook_timings
             report_hook_timings(self)
-        if self.rank == 0 and self.storage_dir != self.work_dir:
-            self._upload_logs()
+        if self.rank == 0:
+            self.workspace.upload_logs(self.logger)  # a URL work dir: the local mirror's logs go there
         if save_error is not None and self.exception is save_error:
             raise save_error
-
-    def _upload_logs(self):
-        for handler in self.logger.handlers:
-            handler.flush()
-        try:
-            storage.upload_tree(self.work_dir, self.storage_dir)
-        except Exception as exc:  # the run's outcome stands; the logs stay in the local mirror
-            self.logger.error('could not copy the logs in %s to %s: %r', self.work_dir, self.storage_dir, exc)
 
     def _train_epoch(self):
         stream = self.train_stream
@@ -699,7 +587,7 @@ class Trainer(MMCVRunnerAttributes):
         if self.val_dataloader is None:
             raise ConfigError('val() needs a val_dataloader')
         self.resolve_hooks()
-        self._setup_hooks()
+        setup_hooks(self)
         was_training = self.wrapped_model.training
         self.mode = 'val'
         self.wrapped_model.eval()
@@ -736,39 +624,17 @@ class Trainer(MMCVRunnerAttributes):
         self.mode = 'train'
         return self.metrics
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- checkpoints: the checkpointer's (hookloop/engine/checkpointer.py) -----------------------
     def state_dict(self, save_optimizer=True, save_frozen=True):
         """Everything exact resume needs, as tensors and plain containers. With
         ``save_frozen=False`` the weights are only the trained ones (``hookloop.checkpoint.trained_state``)."""
-        checkpoint = {
-            'meta': {**self.position.state_dict(), 'seed': self.seed,
-                     **elastic_resume.position_meta(self, self.position.resume_point()[2]),
-                     'hookloop_version': __version__, 'torch_version': str(torch.__version__),
-                     'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
-                     'time': time.strftime('%Y-%m-%d %H:%M:%S'),
-                     'config': plain(self.cfg) if self.cfg is not None else None,
-                     **plain(model_meta(self.model))},
-            'state_dict': self.model.state_dict(),
-            'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
-            'rng': get_rng_state(),
-        }
-        if self.train_dataloader is not None:  # the data position, taken with the weights
-            checkpoint['data'] = self.train_stream.state_dict()
-        if save_optimizer and self.optimizer is not None:
-            checkpoint['optimizer'] = self.optimizer.state_dict()
-        if not save_frozen:
-            checkpoint['state_dict'] = trained_state_dict(self.model)
-            checkpoint['meta']['frozen'] = frozen_meta(self.model)
-        return checkpoint
+        return self.checkpointer.state_dict(save_optimizer, save_frozen)
 
     def build_checkpoint(self, save_optimizer=True, save_frozen=True):
         """The checkpoint dict: :meth:`state_dict` plus the entries hooks add in
         ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
         (a hook may all-reduce there). ``save_frozen=False``: only the trained weights."""
-        checkpoint = self.state_dict(save_optimizer, save_frozen)
-        self.resolve_hooks()
-        self.call_hook('before_save_checkpoint', checkpoint)
-        return checkpoint
+        return self.checkpointer.build(save_optimizer, save_frozen)
 
     def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
         """Write ``checkpoint`` (from :meth:`build_checkpoint`) atomically to ``path`` (absolute,
@@ -783,80 +649,16 @@ class Trainer(MMCVRunnerAttributes):
         written. ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
         at once for a synchronous save, at the next wait for an asynchronous one, never
         when the write failed."""
-        path = storage.join(self.storage_dir, path)
-        check_finite_state(checkpoint, path, scaled_grads=self.step.loss_scaling)
-        self.wait_for_checkpoint()
-        if asynchronous and self._checkpoint_writer is None:
-            self._checkpoint_writer = AsyncCheckpointWriter()
-        if is_sharded_model(self.wrapped_model):  # every rank writes its shards (dcp.async_save if asked)
-            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank,
-                         self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
-            if asynchronous:
-                self._checkpoint_writer.defer(on_disk)
-                return path
-        elif self.rank == 0:
-            self._lock.check()  # the lock file deleted or replaced: another run may own the dir now
-            storage.makedirs(storage.dirname(path))
-            pointer_dir = self.storage_dir if update_last else None
-            if asynchronous:
-                writer = self._checkpoint_writer
-                writer.submit(write_checkpoint_file, writer.stage(checkpoint), path, pointer_dir, on_disk=on_disk)
-                return path
-            write_checkpoint_file(checkpoint, path, pointer_dir)
-        if on_disk is not None:
-            on_disk()
-        return path
+        return self.checkpointer.write(checkpoint, path, update_last, asynchronous, on_disk)
 
     def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False, on_disk=None):
         """Build and write a checkpoint; returns its path (see :meth:`write_checkpoint`)."""
-        self.wait_for_checkpoint()  # hooks' state must not change under a write in flight
-        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last, asynchronous,
-                                     on_disk)
+        return self.checkpointer.save(path, save_optimizer, update_last, asynchronous, on_disk)
 
     def wait_for_checkpoint(self):
         """Wait until a background checkpoint write (``async_save``) is on disk; a
         CheckpointError if it failed."""
-        if self._checkpoint_writer is not None:
-            self._checkpoint_writer.wait()
-
-    def _checkpoint_dirs(self):
-        """Directories other than the work dir where this run's checkpoint hooks save."""
-        dirs = []
-        for hook in self.hooks:
-            out_dir = getattr(hook, 'out_dir', None) if role_of(hook) == 'checkpoint' else None
-            if isinstance(out_dir, (str, os.PathLike)):
-                dirs.append(storage.join(self.storage_dir, os.fspath(out_dir)))
-        return dirs
-
-    def _resume_target(self):
-        """``(path, checkpoint)`` this run continues from, or ``(None, None)`` for a new run.
-
-        ``resume_from=PATH``: that checkpoint, verified (a damaged one is one clear error).
-        ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
-        ones are skipped (logged) and renamed aside (``<name>.damaged``). Only the first ``train()``
-        of a trainer (or one after :meth:`resume`) resumes: a later one continues from where it stopped."""
-        if self._started and not self._resume_again:
-            return None, None
-        path = self.resume_from
-        if path is None and not self.auto_resume:
-            path = resume_request.asked_by_hooks(self)
-        if path == 'auto' or (path is None and self.auto_resume):
-            found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
-                                   map_location=self.device, rename_damaged=self.rank == 0)
-            if found is None:
-                self.logger.info('no checkpoint in %s: starting a new run', self.storage_dir)
-                return None, None
-            return found
-        if path is None:
-            return None, None
-        return path, check_resumable(path, load_verified(path, map_location=self.device))
-
-    def _say_complete(self, point):
-        """Log that the checkpoint resumed from already ends the planned run."""
-        epochs_done = math.ceil(point.iter / self.iters_per_epoch)  # the last one may end mid-loader
-        self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
-                         epochs_done, point.iter, 'epochs' if self.by_epoch else 'iters',
-                         self.max_epochs if self.by_epoch else self.max_iters)
+        self.checkpointer.wait()
 
     def resume(self, path):
         """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
@@ -864,112 +666,13 @@ class Trainer(MMCVRunnerAttributes):
         after ``setup`` and before ``before_run``, so what hooks build in ``setup`` (EMA
         averages) gets its saved state back. During a run it is restored at once (kept for old
         code; a hook asks for a resume with a ``resume_from`` attribute instead, docs/hooks.md)."""
-        if not (storage.isfile(path) or is_sharded_checkpoint(path)):
-            raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
-        if self._running:
-            return self._restore(path)
-        self.resume_from, self.load_from, self._resume_again = path, None, True
-        return None
-
-    def _restore(self, path, checkpoint=None):
-        """Restore model, optimizer, counters, hook states and RNG from a checkpoint
-        (``checkpoint``: its dict, when the caller has loaded and verified it already)."""
-        if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
-            hook_states = {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')}
-            checkpoint = load_sharded(path, self.model, self.optimizer, hook_states)
-        else:
-            if checkpoint is None:
-                checkpoint = load_verified(path, map_location=self.device)
-            check_resumable(path, checkpoint)
-            point = elastic_resume.plan(self, checkpoint['meta'], path)  # may refuse, before anything is loaded
-            try:
-                frozen = checkpoint['meta'].get('frozen')
-                if frozen is not None and not frozen.get('saved', True):
-                    load_trained_state(self.model, checkpoint['state_dict'], frozen, path)
-                else:
-                    self.model.load_state_dict(checkpoint['state_dict'])
-                if 'optimizer' in checkpoint and self.optimizer is not None:
-                    check_optimizer_fits(self.optimizer, checkpoint['optimizer'], path)
-                    self.optimizer.load_state_dict(checkpoint['optimizer'])
-            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
-        meta = checkpoint['meta']
-        if is_sharded_checkpoint(path):
-            point = elastic_resume.plan(self, meta, path)
-        changes = self._config_changes(meta, point.iter)
-        if changes and self.optimizer is not None:
-            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups):
-                self.logger.warning('%s', line)
-        if meta.get('world_size', self.world_size) != self.world_size and not point.note:
-            self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
-                                'from the original run', path, meta['world_size'], self.world_size)
-        self.position.load_state_dict(meta)
-        elastic_resume.apply(self, point)
-        if point.note:
-            self.logger.warning('%s', point.note)
-        resume_request.adopt_seed(self, meta)
-        if self.train_dataloader is not None:
-            self.train_stream.seed = self.seed
-            data = checkpoint.get('data')
-            if point.note and point.inner_iter == 0 and self.train_stream.per_epoch:
-                data = None  # an epoch started afresh in another shape: the saved loader state is not needed
-            self.train_stream.load_state_dict(data, self.epoch, self.inner_iter)
-            elastic_resume.apply(self, point)  # the sampler's split, once the stream is at the epoch
-        saved_states = checkpoint.get('hooks', {})
-        for hook in self.hooks:
-            if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
-                hook.load_state_dict(saved_states[hook.name])
-        if 'rng' in checkpoint:
-            try:
-                set_rng_state(checkpoint['rng'])
-            except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-                raise CheckpointError(f'{path!r} is damaged: its "rng" entry cannot be restored '
-                                      f'({type(exc).__name__}: {exc})') from None
-        else:
-            self.logger.warning('%s has no "rng" entry (random generator states): the resumed run continues with '
-                                'fresh random numbers, so it will not repeat an uninterrupted run exactly', path)
-        self.resumed_from = storage.normalize(path)
-        self.call_hook('after_load_checkpoint', checkpoint)
-        self.replan()  # a resume during an epoch moves every schedule
-        self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
-                         self.inner_iter)
-        return checkpoint
-
-    def _fresh_param_groups(self):
-        """The param groups a fresh run builds from the optimizer config (None: built by the user)."""
-        if self._optimizer_cfg is None:
-            return None
-        return build_optimizer(self._optimizer_cfg, self.model).param_groups
-
-    def _config_changes(self, meta, iteration):
-        """Log, in one block, how the current config differs from the checkpoint's."""
-        saved, current = meta.get('config'), plain(self.cfg) if self.cfg is not None else None
-        if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
-            return []
-        changes = config_differences(saved, current)
-        if changes:
-            self.logger.warning('%s', describe(changes, iteration, meta.get('seed')))
-        return changes
+        return self.checkpointer.resume(path)
 
     def load_weights(self, path, strict=True, revise_keys=None):
         """Initialise the model from a checkpoint's weights only (a fresh schedule).
         ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
         ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
-        checkpoint = load_checkpoint(path, map_location=self.device)
-        state = revise_state_keys(checkpoint.get('state_dict', checkpoint),
-                                  self.revise_keys if revise_keys is None else revise_keys)
-        frozen = checkpoint.get('meta', {}).get('frozen') if isinstance(checkpoint.get('meta'), dict) else None
-        if frozen is not None and not frozen.get('saved', True):  # saved with save_frozen=False
-            load_trained_state(self.model, state, frozen, path)
-            self.logger.info('loaded the trained weights from %s', path)
-            return checkpoint
-        try:
-            self.model.load_state_dict(state, strict=strict)
-        except RuntimeError as exc:
-            raise CheckpointError(f'weights in {path!r} do not fit the model: {str(exc).splitlines()[0]}') from None
-        self.logger.info('loaded weights from %s', path)
-        return checkpoint
+        return self.checkpointer.load_weights(path, strict, revise_keys)
 
     def close(self):
         """Release the log files and the work dir's lock (the trainer cannot log afterwards),
@@ -979,63 +682,8 @@ class Trainer(MMCVRunnerAttributes):
         try:
             self.wait_for_checkpoint()
         finally:
-            self._lock.release()
+            self.workspace.release()
         close_logger(self.logger)
 
 
-def check_resumable(path, checkpoint):
-    """``checkpoint`` if it has what a resume reads, else a CheckpointError naming ``path``."""
-    sharded = is_sharded_checkpoint(path)
-    for key in ('meta',) if sharded else ('meta', 'state_dict'):
-        if key not in checkpoint:
-            raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
-    meta = checkpoint['meta']
-    if not isinstance(meta, Mapping) or not all(
-            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in ('epoch', 'iter', 'inner_iter')):
-        raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
-    return checkpoint
-
-
-def say_where(exc, where):
-    """Note on a user-code error where hookloop was when it happened (the innermost place
-    wins). ``hookloop train`` prints it as the first line, above the traceback."""
-    if isinstance(exc, HookloopError):  # already one clear line
-        return
-    if not any(note.startswith('hookloop: raised while ') for note in getattr(exc, '__notes__', ())):
-        exc.add_note(f'hookloop: raised while {where}' if where.startswith('loading') else
-                     f'hookloop: raised while running {where}')
-
-
-def hook_name(method):
-    hook = getattr(method, '__self__', None)
-    return getattr(hook, 'name', type(hook).__name__) if hook is not None else getattr(method, '__name__', '?')
-
-
-def build_trainer(name='default', default_args=None):
-    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``.
-
-    For the Trainer (and its subclasses) other engines' configs are translated first: a
-    ModelScope ``configuration.json`` (or ``default_args=dict(cfg_file=..., cfg_modify_fn=...)``,
-    :mod:`hookloop.compat.modelscope`) and MMCV 1.x keys (``runner``, ``data``, ``workflow``,
-    ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
-    at start, likely typos are errors.
-    """
-    args = dict(default_args or {})
-    target = TRAINERS.get(name) if isinstance(name, str) else name
-    notes = []
-    if isinstance(target, type) and issubclass(target, Trainer):
-        from ..compat import modelscope
-        from ..compat.mmcv_config import is_mmcv_config, translate
-        if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
-            args = modelscope.trainer_args(args)
-        elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
-            # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
-            args = modelscope.translate(args)
-        args, notes = translate(args, target)
-    trainer = TRAINERS.build(dict(type=target, **args))
-    for note in notes:
-        trainer.logger.info(note)
-    return trainer
-
-
-__all__ = ['Trainer', 'build_trainer', 'STAGES']
+__all__ = ['Trainer', 'STAGES']
