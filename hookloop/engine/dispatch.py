@@ -1,6 +1,6 @@
 """Hook dispatch: the stage -> bound methods table the trainer calls, each hook's ``setup``,
-per-hook timing (``profile_hooks``), ``after_run`` on every exit path, and the note a user
-error gets naming the hook and stage it came from.
+per-hook timing (``profile_hooks``), and the note a user error gets naming the hook and
+stage it came from.
 
 The table lives on the trainer (``trainer._dispatch``, and ``trainer._iteration_stages`` for
 the scheduled training-iteration stages): the loop reads them directly, with no call in
@@ -63,32 +63,6 @@ def timed(trainer, hook, stage):
     return timed_call
 
 
-def call_after_run(trainer):
-    """Every hook's ``after_run`` (loggers close) even when an earlier one fails. After a
-    successful run the first failure is raised (and becomes ``trainer.exception``); on an
-    error path failures are logged, so the error that stopped training stays the one raised."""
-    logger = trainer.logger
-    if trainer.exception is None:
-        failure = None
-        for method in trainer._dispatch['after_run']:
-            try:
-                method(trainer)
-            except BaseException as exc:
-                if failure is None:
-                    failure = exc
-                else:
-                    logger.error('%s.after_run also failed: %r', hook_name(method), exc)
-        if failure is not None:
-            trainer.exception = failure
-            raise failure
-        return
-    for method in trainer._dispatch['after_run']:
-        try:
-            method(trainer)
-        except Exception as hook_error:  # keep the error that stopped training
-            logger.error('%s.after_run failed while handling %r: %r', hook_name(method), trainer.exception, hook_error)
-
-
 def say_where(exc, where):
     """Note on a user-code error where hookloop was when it happened (the innermost place
     wins). ``hookloop train`` prints it as the first line, above the traceback."""
@@ -104,4 +78,4 @@ def hook_name(method):
     return getattr(hook, 'name', type(hook).__name__) if hook is not None else getattr(method, '__name__', '?')
 
 
-__all__ = ['build_dispatch', 'call_after_run', 'hook_name', 'say_where', 'setup_hooks', 'timed']
+__all__ = ['build_dispatch', 'hook_name', 'say_where', 'setup_hooks', 'timed']

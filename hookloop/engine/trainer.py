@@ -7,10 +7,8 @@ Checkpoints are the :class:`~hookloop.engine.checkpointer.Checkpointer`'s (``tra
 the work dir and its lock the :class:`~hookloop.fileio.work_dir.WorkDir`'s (``trainer.workspace``).
 """
 import contextlib
-import importlib
 import inspect
 import itertools
-import math
 import random
 import time
 from collections.abc import Mapping
@@ -18,40 +16,31 @@ from operator import attrgetter
 
 import torch
 
-from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from ..data.resumable import seed_everything, set_loader_epoch
-from ..data.train_stream import TrainStream, dataset_name
-from ..dist.fsdp import is_sharded_checkpoint, is_sharded_model
-from ..dist.process_group import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
-from ..checkpoint.resume_changes import RESUME_POLICIES
-from ..errors import CheckpointError, ConfigError, DataError
-from ..fileio import storage
+from ..dist.fsdp import is_sharded_model
+from ..dist.process_group import broadcast_object, init_distributed, resolve_device, wrap_model
+from ..errors import ConfigError
 from ..fileio.work_dir import WorkDir
 from ..hooks.base import STAGES
 from ..logging.logger import close_logger, create_logger, start_log_file
 from ..logging.meters import MeterBuffer
 from ..registry import TRAINERS
 from . import elastic_resume, resume_request
+from .arguments import check_arguments, check_run_length, positive_int
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpointer import Checkpointer
 from .compile import compile_model, compile_options
-from .dispatch import build_dispatch, call_after_run, hook_name, say_where, setup_hooks
+from .dispatch import build_dispatch, hook_name, say_where, setup_hooks
 from .evaluator import build_evaluator, real_samples, take_first
 from .hook_list import HookList
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
 from .position import BETWEEN, ITERATION_DONE, Position
 from .preflight import check_before_run
-from .runner_names import MMCVRunnerAttributes, needs_translation, refuse_untranslated
+from .run_end import finish_run
+from .run_length import plan_run_length
+from .runner_names import MMCVRunnerAttributes
 from .step import StepState
-
-
-def _positive_int(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f'{name} must be a positive int, got {value!r}')
-    return value
 
 
 @TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
@@ -122,37 +111,13 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
                  resume_policy=None, compile=None, device_prefetch=True, val_iters=None, **mmcv_keys):
-        if mmcv_keys or needs_translation({'custom_imports': custom_imports, 'evaluation': evaluation}):
-            raise refuse_untranslated({'custom_imports': custom_imports, 'evaluation': evaluation}, mmcv_keys,
-                                      self._arguments())
-        modules = [custom_imports] if isinstance(custom_imports, str) else custom_imports or []
-        if not isinstance(modules, (list, tuple)):
-            raise ConfigError(f'custom_imports must be a module name or a list of them, got {custom_imports!r}')
-        for module in modules:
-            if not isinstance(module, str):
-                raise ConfigError(f'custom_imports must be module names (strings), got {module!r}')
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
-        self.max_epochs = _positive_int('max_epochs', max_epochs)
-        self.max_iters = _positive_int('max_iters', max_iters)
-        self._given_iters_per_epoch = _positive_int('iters_per_epoch', iters_per_epoch)
-        self.val_iters = _positive_int('val_iters', val_iters)
-        if train_dataloader is not None and (max_epochs is None) == (max_iters is None):
-            raise ConfigError('give exactly one of max_epochs and max_iters '
-                              f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
+        check_arguments(type(self), mmcv_keys, custom_imports, evaluation, resume_from, load_from, resume_policy)
+        self.max_epochs, self.max_iters = positive_int('max_epochs', max_epochs), positive_int('max_iters', max_iters)
+        self._given_iters_per_epoch = positive_int('iters_per_epoch', iters_per_epoch)
+        self.val_iters = positive_int('val_iters', val_iters)
+        if train_dataloader is not None:
+            check_run_length(max_epochs, max_iters)
         self.by_epoch = max_epochs is not None
-        if resume_from not in (None, 'auto') and load_from is not None:
-            raise ConfigError('resume_from and load_from exclude each other: resume continues a run, '
-                              'load_from starts a new one from its weights (with resume_from="auto", '
-                              'load_from is used only when there is nothing to resume)')
-        for name, path in (('resume_from', resume_from), ('load_from', load_from)):
-            sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
-            if path is not None and path != 'auto' and not (storage.isfile(path) or sharded):
-                raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
-        if resume_policy not in RESUME_POLICIES:
-            raise ConfigError(f'resume_policy must be one of {list(RESUME_POLICIES)}, got {resume_policy!r}')
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
         self.resume_policy = resume_policy
         self.revise_keys = revise_keys
@@ -198,7 +163,7 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
         self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
         self.val_evaluator = build_evaluator(val_evaluator)
-        self._init_progress()
+        plan_run_length(self, self._given_iters_per_epoch)
 
         self.position = Position()  # the counters; what a checkpoint's meta stores
         self.step = StepState(self.position)  # what hooks tell each other about the current step
@@ -233,47 +198,18 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         return build_trainer(cls, default_args=cfg)
 
     @classmethod
-    def _arguments(cls):
+    def arguments(cls):
+        """The names of the arguments this trainer class takes."""
         return [name for name in inspect.signature(cls.__init__).parameters if name not in ('self', 'mmcv_keys')]
 
     # -- set-up ----------------------------------------------------------------------------
-    def _init_progress(self):
-        loader = self.train_dataloader
-        if loader is None:
-            self.iters_per_epoch = 0
-            return
-        try:
-            length = len(loader)
-        except TypeError:  # a stream: its length is unknown
-            length = None
-        if length == 0:
-            raise DataError(f'train_dataloader is empty: {len(loader.dataset) if hasattr(loader, "dataset") else "?"} '
-                            f'samples give no batch (check batch_size and drop_last)')
-        self.iters_per_epoch = self._given_iters_per_epoch or length
-        if self.iters_per_epoch is None:
-            if self.by_epoch:
-                raise ConfigError(f'train_dataloader ({dataset_name(loader)}) has no length, so max_epochs cannot '
-                                  'tell where an epoch ends: train with max_iters=..., or give iters_per_epoch=...')
-            self.iters_per_epoch = self.max_iters
-        per_epoch = self._given_iters_per_epoch is None and length is not None  # one pass per epoch
-        prefetch = uses_prefetch(self.device, loader, self.device_prefetch)  # then to_device is a no-op
-        self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger,
-                                        wrap_batches=(lambda batches: DevicePrefetcher(batches, self.device))
-                                        if prefetch else None)
-        if self.by_epoch:
-            self.max_iters = self.max_epochs * self.iters_per_epoch
-        else:
-            self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
-
     def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):
         """Give a trainer built without one its training data and run length (MMCV's
         ``runner.run(data_loaders, workflow)`` passes the loaders late)."""
-        if (max_epochs is None) == (max_iters is None):
-            raise ConfigError(f'give exactly one of max_epochs and max_iters (got {max_epochs!r}, {max_iters!r})')
-        self.max_epochs, self.max_iters = _positive_int('max_epochs', max_epochs), _positive_int('max_iters', max_iters)
+        self.max_epochs, self.max_iters = check_run_length(max_epochs, max_iters)
         self.by_epoch = max_epochs is not None
         self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
-        self._init_progress()
+        plan_run_length(self, self._given_iters_per_epoch)
 
     def build_val_loader(self, loader):
         """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
@@ -430,47 +366,8 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         finally:
             self._running = self._in_epoch = False
             self._hook_list.frozen = None
-            self._finish_run(run_start)
+            finish_run(self, run_start)
         return self.model
-
-    def _finish_run(self, run_start):
-        """``after_run`` on every exit path; on an error path a failing hook is logged,
-        not raised, so the original error stays visible. Then the closing summary. A failed
-        background checkpoint write (``async_save``) fails the run here."""
-        try:
-            self._after_run(run_start)
-        finally:
-            self.workspace.release()
-
-    def _after_run(self, run_start):
-        save_error = None
-        try:
-            self.wait_for_checkpoint()  # after_run and error paths see the last save on disk
-        except CheckpointError as exc:
-            save_error = exc
-            if self.exception is None:
-                self.exception = exc
-            else:
-                self.logger.error('%s (while handling %r)', exc, self.exception)
-        failed = self.exception is not None
-        if failed and self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
-            self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
-        call_after_run(self)  # every hook's, even when one fails
-        if failed:
-            # Leave the process group now: ranks waiting for this one in a collective see
-            # the connection close and fail at once instead of waiting for dist_timeout.
-            teardown()
-        if self.stop_reason is not None:
-            self.logger.info('training stopped at epoch %d, iteration %d: %s', self.epoch, self.iter, self.stop_reason)
-        from .run_summary import log_run_summary
-        log_run_summary(self, *run_start)
-        if self.profile_hooks:
-            from ..logging.profiling import report_hook_timings
-            report_hook_timings(self)
-        if self.rank == 0:
-            self.workspace.upload_logs(self.logger)  # a URL work dir: the local mirror's logs go there
-        if save_error is not None and self.exception is save_error:
-            raise save_error
 
     def _train_epoch(self):
         stream = self.train_stream
