@@ -30,9 +30,8 @@ from .arguments import check_arguments, check_run_length, positive_int
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpointer import Checkpointer
 from .compile import compile_model, compile_options
-from .dispatch import build_dispatch, hook_name, say_where, setup_hooks
+from .dispatch import HookDispatch, say_where
 from .evaluator import build_evaluator, real_samples, take_first
-from .hook_list import HookList
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
 from .position import BETWEEN, ITERATION_DONE, Position
@@ -44,7 +43,7 @@ from .step import StepState
 
 
 @TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
-class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner names hooks read
+class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and dispatch; the MMCV runner names
     """Runs training with hooks.
 
     Args:
@@ -157,8 +156,6 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         if is_sharded_model(self.wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError('strategy="fsdp" replaces the parameters with sharded ones: pass the optimizer '
                               'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
-        self.profile_hooks = profile_hooks
-        self.hook_timings = {}  # (hook name, stage) -> [seconds, calls], with profile_hooks
         self.optimizer = build_optimizer(optimizer, self.model)
         self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
         self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
@@ -175,11 +172,8 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         self.exception = None
         self.stop_reason = None
 
-        self._hook_list = HookList()
-        self._dispatch = self._iteration_stages = None
-        self._set_up = {}  # id(hook) -> a weak reference to the hook whose setup() ran
+        self._init_dispatch(profile_hooks)
         self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
-        self._in_epoch = False  # the iteration stages are planned: other stages' calls ask again
         self._running = False
         self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
         # A resume with another optimizer config rebuilds its fresh groups from the config.
@@ -232,88 +226,10 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
     def train_outputs(self):
         return self.outputs
 
-    @property
-    def hooks(self):
-        """The registered hooks, by priority (ties in registration order)."""
-        return self._hook_list.hooks
-
-    # -- hooks -----------------------------------------------------------------------------
-    def register_hook(self, hook, priority=None):
-        """Register a Hook instance or a config dict (which may carry a ``priority`` key).
-
-        ``priority`` (a name such as ``'NORMAL'`` or an int 0..100) overrides the dict's
-        and the class's ``PRIORITY``. Lower values run first; ties run in registration order;
-        dependencies hook classes declare (``RUNS_AFTER``/``RUNS_BEFORE``) win over priorities.
-        A hook cannot be registered while ``train()`` runs (ConfigError): the hooks of a run
-        are fixed when it starts.
-        """
-        hook = self._hook_list.register(hook, priority)
-        self._dispatch = None
-        return hook
-
-    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
-                                log_config=None, momentum_config=None, timer_config=None,
-                                custom_hooks_config=None):
-        """Register the standard hooks from their configs, with MMCV's priorities:
-        lr VERY_HIGH, momentum HIGH, optimizer ABOVE_NORMAL, checkpoint NORMAL, timer LOW,
-        loggers VERY_LOW; custom hooks NORMAL unless their dict says ``priority=...``."""
-        self._hook_list.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
-                                                momentum_config, timer_config, custom_hooks_config)
-        self._dispatch = None
-
-    def resolve_hooks(self):
-        """Add default hooks for empty roles, build the stage -> methods dispatch table and
-        run ``setup`` of the hooks that have not been set up on this trainer yet."""
-        build_dispatch(self)
-        return self._hook_list.stage_table()
-
-    def hook_order_table(self):
-        """The per-stage run order with priorities and declared dependencies."""
-        self.resolve_hooks()
-        return self._hook_list.format_table()
-
-    def call_hook(self, stage, *args):
-        """Call ``stage`` on every hook that implements it, in order."""
-        self._call_each(self._dispatch[stage], stage, *args)
-        if self._in_epoch:  # during an epoch (a validation, a save): what they did may move a schedule
-            for hook in self._hook_list.stage_table()[stage]:
-                self.replan(hook)
-
-    def _call_each(self, methods, stage, *args):
-        """Call each of ``methods`` (one stage's dispatch list); a user error gets a note that
-        names the hook and the stage."""
-        for method in methods:
-            try:
-                method(self, *args)
-            except Exception as exc:
-                self._note_hook_error(exc, method, stage)
-                raise
-
-    def _note_hook_error(self, exc, method, stage):
-        say_where(exc, f'{hook_name(method)}.{stage} at epoch {self.epoch + 1}, iteration {self.iter}')
-
+    # -- hooks: registration and dispatch are HookDispatch's (hookloop/engine/dispatch.py) --------
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
-
-    def wake(self, hook):
-        """Call ``hook`` at its training-iteration stages in the next iteration, whatever its
-        :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such as a new meter
-        summary); a wake between epochs: in the next epoch's first. Always the next, never the
-        current one, so a woken hook is called at the same iterations however the others are
-        scheduled. No effect outside ``train()`` or on hooks called every iteration."""
-        if self._iteration_stages is not None:
-            for stage in self._iteration_stages.values():
-                stage.wake(hook, self.position.iter + 1)
-
-    def replan(self, hook=None):
-        """Ask ``hook`` (None: every hook) again when its training-iteration stages are next
-        due (:meth:`~hookloop.Hook.next_call`): a hook calls this when something its schedule
-        depends on changed outside its own calls (another hook set its interval). No effect
-        outside an epoch: every epoch's start asks anyway."""
-        if self._in_epoch:
-            for stage in self._iteration_stages.values():
-                stage.replan(self, hook)
 
     # -- training --------------------------------------------------------------------------
     def train(self):
@@ -335,7 +251,7 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
             raise
         if resume_checkpoint is not None and resume_point.iter >= self.max_iters:
             try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
-                setup_hooks(self)
+                self._setup_hooks()
                 self.checkpointer.restore(resume_path, resume_checkpoint)
             finally:
                 self.workspace.release()
@@ -352,7 +268,7 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         try:
             if self.load_from is not None and resume_path is None and not self._started:
                 self.load_weights(self.load_from)
-            setup_hooks(self)
+            self._setup_hooks()
             if resume_path is not None:  # the trainer's job: before before_run, so every hook starts from it
                 self.checkpointer.restore(resume_path, resume_checkpoint)
                 run_start = (run_start[0], self.iter)
@@ -484,7 +400,7 @@ class Trainer(MMCVRunnerAttributes):  # MMCVRunnerAttributes: the MMCV runner na
         if self.val_dataloader is None:
             raise ConfigError('val() needs a val_dataloader')
         self.resolve_hooks()
-        setup_hooks(self)
+        self._setup_hooks()
         was_training = self.wrapped_model.training
         self.mode = 'val'
         self.wrapped_model.eval()
