@@ -72,7 +72,8 @@ class Checkpointer:
 
     # -- building and writing ---------------------------------------------------------------
     def state_dict(self, save_optimizer=True, save_frozen=True):
-        """See :meth:`hookloop.Trainer.state_dict`."""
+        """Everything exact resume needs, as tensors and plain containers. With
+        ``save_frozen=False`` the weights are only the trained ones (``hookloop.checkpoint.trained_state``)."""
         t = self._trainer
         checkpoint = {
             'meta': {**t.position.state_dict(), 'seed': t.seed,
@@ -96,7 +97,9 @@ class Checkpointer:
         return checkpoint
 
     def build(self, save_optimizer=True, save_frozen=True):
-        """See :meth:`hookloop.Trainer.build_checkpoint`."""
+        """The checkpoint dict: ``trainer.state_dict()`` plus the entries hooks add in
+        ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
+        (a hook may all-reduce there). ``save_frozen=False``: only the trained weights."""
         t = self._trainer
         checkpoint = t.state_dict(save_optimizer, save_frozen)
         t.resolve_hooks()
@@ -104,7 +107,18 @@ class Checkpointer:
         return checkpoint
 
     def write(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
-        """See :meth:`hookloop.Trainer.write_checkpoint`."""
+        """Write ``checkpoint`` (from :meth:`build`) atomically to ``path`` (absolute,
+        or relative to the work dir; a local path or an fsspec URL); with ``update_last`` move
+        the ``last_checkpoint`` pointer.
+
+        ``asynchronous=True`` copies the state to CPU memory and writes it on a background
+        thread (``hookloop/checkpoint/async_writer.py``); a write always waits for the one in flight
+        first, so the staging copy is free and the pointer moves in save order.
+
+        A state that is not finite is refused first (``hookloop/checkpoint/finite_state.py``): nothing is
+        written. ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
+        at once for a synchronous save, at the next wait for an asynchronous one, never
+        when the write failed."""
         t = self._trainer
         path = t.workspace.join(path)
         check_finite_state(checkpoint, path, scaled_grads=t.step.loss_scaling)
@@ -131,7 +145,7 @@ class Checkpointer:
         return path
 
     def save(self, path, save_optimizer=True, update_last=True, asynchronous=False, on_disk=None):
-        """See :meth:`hookloop.Trainer.save_checkpoint`."""
+        """Build and write a checkpoint; returns its path (see :meth:`write`)."""
         t = self._trainer
         self.wait()  # hooks' state must not change under a write in flight
         return t.write_checkpoint(t.build_checkpoint(save_optimizer), path, update_last, asynchronous, on_disk)
@@ -173,6 +187,18 @@ class Checkpointer:
             return None, None
         return path, check_resumable(path, load_verified(path, map_location=t.device))
 
+    def plan_resume(self):
+        """``(path, checkpoint, point)``: :meth:`resume_target` and where in it the run continues
+        (:func:`hookloop.engine.elastic_resume.plan`, which refuses a change the data cannot
+        follow); the run takes the checkpoint's seed. ``(None, None, None)`` for a new run."""
+        t = self._trainer
+        path, checkpoint = self.resume_target()
+        if checkpoint is None:
+            return path, None, None
+        point = elastic_resume.plan(t, checkpoint['meta'], path)
+        resume_request.adopt_seed(t, checkpoint['meta'])
+        return path, checkpoint, point
+
     def say_complete(self, point):
         """Log that the checkpoint resumed from already ends the planned run."""
         t = self._trainer
@@ -182,7 +208,11 @@ class Checkpointer:
                       t.max_epochs if t.by_epoch else t.max_iters)
 
     def resume(self, path):
-        """See :meth:`hookloop.Trainer.resume`."""
+        """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
+        ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
+        after ``setup`` and before ``before_run``, so what hooks build in ``setup`` (EMA
+        averages) gets its saved state back. During a run it is restored at once (kept for old
+        code; a hook asks for a resume with a ``resume_from`` attribute instead, docs/hooks.md)."""
         t = self._trainer
         if not (storage.isfile(path) or is_sharded_checkpoint(path)):
             raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
@@ -275,7 +305,9 @@ class Checkpointer:
         return changes
 
     def load_weights(self, path, strict=True, revise_keys=None):
-        """See :meth:`hookloop.Trainer.load_weights`."""
+        """Initialise the model from a checkpoint's weights only (a fresh schedule).
+        ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
+        ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
         t = self._trainer
         checkpoint = load_checkpoint(path, map_location=t.device)
         state = revise_state_keys(checkpoint.get('state_dict', checkpoint),

@@ -7,9 +7,7 @@ Checkpoints are the :class:`~hookloop.engine.checkpointer.Checkpointer`'s (``tra
 the work dir and its lock the :class:`~hookloop.fileio.work_dir.WorkDir`'s (``trainer.workspace``).
 """
 import contextlib
-import inspect
 import itertools
-import random
 import time
 from collections.abc import Mapping
 from operator import attrgetter
@@ -17,7 +15,6 @@ from operator import attrgetter
 import torch
 
 from ..data.resumable import seed_everything, set_loader_epoch
-from ..dist.fsdp import is_sharded_model
 from ..dist.process_group import broadcast_object, init_distributed, resolve_device, wrap_model
 from ..errors import ConfigError
 from ..fileio.work_dir import WorkDir
@@ -25,8 +22,8 @@ from ..hooks.base import STAGES
 from ..logging.logger import close_logger, create_logger, start_log_file
 from ..logging.meters import MeterBuffer
 from ..registry import TRAINERS
-from . import elastic_resume, resume_request
-from .arguments import check_arguments, check_run_length, positive_int
+from .arguments import check_arguments, check_resume_arguments, check_run_length, check_sharded_optimizer, \
+    check_train_step_model, positive_int, run_seed
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpointer import Checkpointer
 from .compile import compile_model, compile_options
@@ -96,11 +93,11 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
             on a side stream) while the current step runs (``hookloop/data/prefetch.py``); no effect
             on the CPU.
+
         Arguments are hookloop's own; other names are refused with a "did you mean". A config
         written for MMCV 1.x (``runner``, ``data``, ``workflow``, ``fp16``, ...) or ModelScope is
         translated by :func:`~hookloop.build_trainer` / :meth:`from_config`, not here.
     """
-
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
                  max_epochs=None, max_iters=None, work_dir='work_dirs/default', seed=None, device=None,
@@ -110,13 +107,14 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
                  resume_policy=None, compile=None, device_prefetch=True, val_iters=None, **mmcv_keys):
-        check_arguments(type(self), mmcv_keys, custom_imports, evaluation, resume_from, load_from, resume_policy)
+        check_arguments(type(self), mmcv_keys, custom_imports, evaluation)
         self.max_epochs, self.max_iters = positive_int('max_epochs', max_epochs), positive_int('max_iters', max_iters)
         self._given_iters_per_epoch = positive_int('iters_per_epoch', iters_per_epoch)
         self.val_iters = positive_int('val_iters', val_iters)
         if train_dataloader is not None:
             check_run_length(max_epochs, max_iters)
         self.by_epoch = max_epochs is not None
+        check_resume_arguments(resume_from, load_from, resume_policy)
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
         self.resume_policy = resume_policy
         self.revise_keys = revise_keys
@@ -131,31 +129,23 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.storage_dir, self.work_dir = self.workspace.storage_dir, self.workspace.local_dir
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
-        seed_given = seed is not None
-        if seed is None:
-            seed = broadcast_object(random.SystemRandom().randrange(2 ** 31))
-        elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f'seed must be an int or None, got {seed!r}')
-        self.seed, self._seed_given = seed, seed_given
+        seed, self._seed_given = run_seed(seed)  # None: drawn on rank 0, shared with every rank
+        self.seed = seed
         seed_everything(seed)
 
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
         self._model_train_step = has_train_step(self.model)  # MMCV: train_step(data_batch, optimizer) is the step
-        if self._model_train_step and self.world_size > 1 and strategy != 'none':
-            raise ConfigError(f'{type(self.model).__name__} has an MMCV train_step: it is called directly, bypassing '
-                              'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
-                              'run it single-process or give the model a forward that returns the losses')
+        if self._model_train_step:
+            check_train_step_model(self.model, self.world_size, strategy)
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
         self.device_prefetch = device_prefetch
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
         compile_model(self.model, compile_options(compile))  # in place: wrappers and keys unchanged
-        if is_sharded_model(self.wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError('strategy="fsdp" replaces the parameters with sharded ones: pass the optimizer '
-                              'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
+        check_sharded_optimizer(self.wrapped_model, optimizer)
         self.optimizer = build_optimizer(optimizer, self.model)
         self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
         self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
@@ -183,18 +173,12 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         if evaluation is not None:
             self._hook_list.register_evaluation(evaluation)
 
-
     @classmethod
     def from_config(cls, cfg):
         """The trainer a config dict describes (hookloop's, MMCV 1.x's or ModelScope's; see
         :func:`~hookloop.build_trainer`), as ``build_trainer(cls, default_args=cfg)``."""
         from .from_config import build_trainer
         return build_trainer(cls, default_args=cfg)
-
-    @classmethod
-    def arguments(cls):
-        """The names of the arguments this trainer class takes."""
-        return [name for name in inspect.signature(cls.__init__).parameters if name not in ('self', 'mmcv_keys')]
 
     # -- set-up ----------------------------------------------------------------------------
     def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):
@@ -241,11 +225,8 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.resolve_hooks()
         check_before_run(self)
         self.workspace.claim()
-        try:
-            resume_path, resume_checkpoint = self.checkpointer.resume_target()
-            if resume_checkpoint is not None:  # a change the data cannot follow is refused before anything runs
-                resume_point = elastic_resume.plan(self, resume_checkpoint['meta'], resume_path)
-                resume_request.adopt_seed(self, resume_checkpoint['meta'])
+        try:  # a change the data cannot follow is refused before anything runs
+            resume_path, resume_checkpoint, resume_point = self.checkpointer.plan_resume()
         except BaseException:
             self.workspace.release()
             raise
@@ -437,54 +418,33 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.mode = 'train'
         return self.metrics
 
-    # -- checkpoints: the checkpointer's (hookloop/engine/checkpointer.py) -----------------------
+    # -- checkpoints: the Checkpointer's (hookloop/engine/checkpointer.py) -----------------------
     def state_dict(self, save_optimizer=True, save_frozen=True):
-        """Everything exact resume needs, as tensors and plain containers. With
-        ``save_frozen=False`` the weights are only the trained ones (``hookloop.checkpoint.trained_state``)."""
+        """Everything exact resume needs (:meth:`Checkpointer.state_dict`)."""
         return self.checkpointer.state_dict(save_optimizer, save_frozen)
 
     def build_checkpoint(self, save_optimizer=True, save_frozen=True):
-        """The checkpoint dict: :meth:`state_dict` plus the entries hooks add in
-        ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
-        (a hook may all-reduce there). ``save_frozen=False``: only the trained weights."""
+        """:meth:`state_dict` plus what hooks add in ``before_save_checkpoint`` (:meth:`Checkpointer.build`)."""
         return self.checkpointer.build(save_optimizer, save_frozen)
 
     def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
-        """Write ``checkpoint`` (from :meth:`build_checkpoint`) atomically to ``path`` (absolute,
-        or relative to the work dir; a local path or an fsspec URL); with ``update_last`` move
-        the ``last_checkpoint`` pointer.
-
-        ``asynchronous=True`` copies the state to CPU memory and writes it on a background
-        thread (``hookloop/checkpoint/async_writer.py``); a write always waits for the one in flight
-        first, so the staging copy is free and the pointer moves in save order.
-
-        A state that is not finite is refused first (``hookloop/checkpoint/finite_state.py``): nothing is
-        written. ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
-        at once for a synchronous save, at the next wait for an asynchronous one, never
-        when the write failed."""
+        """Write ``checkpoint`` atomically to ``path``; returns the path (:meth:`Checkpointer.write`)."""
         return self.checkpointer.write(checkpoint, path, update_last, asynchronous, on_disk)
 
     def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False, on_disk=None):
-        """Build and write a checkpoint; returns its path (see :meth:`write_checkpoint`)."""
+        """Build and write a checkpoint; returns its path (:meth:`Checkpointer.save`)."""
         return self.checkpointer.save(path, save_optimizer, update_last, asynchronous, on_disk)
 
     def wait_for_checkpoint(self):
-        """Wait until a background checkpoint write (``async_save``) is on disk; a
-        CheckpointError if it failed."""
+        """Wait until a background checkpoint write is on disk (:meth:`Checkpointer.wait`)."""
         self.checkpointer.wait()
 
     def resume(self, path):
-        """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
-        ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
-        after ``setup`` and before ``before_run``, so what hooks build in ``setup`` (EMA
-        averages) gets its saved state back. During a run it is restored at once (kept for old
-        code; a hook asks for a resume with a ``resume_from`` attribute instead, docs/hooks.md)."""
+        """Continue from the checkpoint at ``path`` (:meth:`Checkpointer.resume`)."""
         return self.checkpointer.resume(path)
 
     def load_weights(self, path, strict=True, revise_keys=None):
-        """Initialise the model from a checkpoint's weights only (a fresh schedule).
-        ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
-        ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
+        """Initialise the model from a checkpoint's weights only (:meth:`Checkpointer.load_weights`)."""
         return self.checkpointer.load_weights(path, strict, revise_keys)
 
     def close(self):
