@@ -199,9 +199,16 @@ class Checkpointer:
         resume_request.adopt_seed(t, checkpoint['meta'])
         return path, checkpoint, point
 
-    def say_complete(self, point):
-        """Log that the checkpoint resumed from already ends the planned run."""
+    def restore_finished(self, path, checkpoint, point):
+        """Restore a checkpoint that already ends the planned run (``point`` from
+        :meth:`plan_resume`), so the trainer holds the finished state (model, EMA, ...), and say
+        so; nothing runs, nothing is written. Releases the work dir's lock."""
         t = self._trainer
+        try:
+            t._setup_hooks()
+            self.restore(path, checkpoint)
+        finally:
+            t.workspace.release()
         epochs_done = math.ceil(point.iter / t.iters_per_epoch)  # the last one may end mid-loader
         t.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
                       epochs_done, point.iter, 'epochs' if t.by_epoch else 'iters',

@@ -1,10 +1,9 @@
-"""The Trainer: state, the train and validation loops, and hook dispatch.
+"""The Trainer: state, the train and validation loops, and hook dispatch (engine/dispatch.py).
 
-Everything optional — stepping the optimizer, schedules, checkpoints, logging —
-is a hook. The loop only fetches batches, runs the model step and calls the
-hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
-Checkpoints are the :class:`~hookloop.engine.checkpointer.Checkpointer`'s (``trainer.checkpointer``),
-the work dir and its lock the :class:`~hookloop.fileio.work_dir.WorkDir`'s (``trainer.workspace``).
+Everything optional — stepping the optimizer, schedules, checkpoints, logging — is a hook. The
+loop only fetches batches, runs the model step and calls the hooks of each stage (``docs/hooks.md``).
+Checkpoints are the Checkpointer's (``trainer.checkpointer``, engine/checkpointer.py), the work
+dir and its lock the WorkDir's (``trainer.workspace``, fileio/work_dir.py).
 """
 import contextlib
 import itertools
@@ -68,9 +67,8 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             first for those. CUDA kernels' own nondeterminism is not covered either.
         device: ``'cpu'``, ``'cuda'``, ... ; ``None`` picks CUDA when available.
         loss_fn: ``loss_fn(outputs, batch)`` turning a plain model's outputs into a loss.
-        lr_config, optimizer_config, checkpoint_config, log_config, momentum_config,
-        timer_config, custom_hooks, evaluation: hook configs, as in MMCV (see
-            :meth:`register_training_hooks`).
+        lr_config, optimizer_config, checkpoint_config, log_config, momentum_config, timer_config,
+            custom_hooks, evaluation: hook configs, as in MMCV (:meth:`register_training_hooks`).
         resume_from: a checkpoint path to continue from exactly, or ``'auto'``.
         auto_resume: continue from ``<work_dir>/last_checkpoint`` when it exists.
         load_from: a checkpoint whose model weights initialise a fresh run.
@@ -90,13 +88,11 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             compiled model; checkpoints keep the plain module's keys (``hookloop/engine/compile.py``).
         val_iters: run at most this many batches in each validation (ModelScope's
             ``val_iters_per_epoch``); ``None``: the whole val loader.
-        device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
-            on a side stream) while the current step runs (``hookloop/data/prefetch.py``); no effect
-            on the CPU.
+        device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking, on
+            a side stream) while the current step runs (``hookloop/data/prefetch.py``); not on the CPU.
 
-        Arguments are hookloop's own; other names are refused with a "did you mean". A config
-        written for MMCV 1.x (``runner``, ``data``, ``workflow``, ``fp16``, ...) or ModelScope is
-        translated by :func:`~hookloop.build_trainer` / :meth:`from_config`, not here.
+        Other names are refused (with a "did you mean"): a config written for MMCV 1.x (``runner``,
+        ``data``, ``workflow``, ``fp16``, ...) or ModelScope goes through :meth:`from_config`.
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -122,16 +118,14 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.loss_fn = loss_fn
 
         self.rank, self.world_size = init_distributed(launcher, dist_backend, dist_timeout, device)
-        # storage_dir: where checkpoints and the pointer go (a path or an fsspec URL);
-        # work_dir: a local directory for files written with open() (logs, event files),
-        # the same as storage_dir unless that is a URL (then copied there at the end).
+        # storage_dir: checkpoints (a path or a URL); work_dir: files written with open(), the same
+        # directory or, for a URL, its local mirror (fileio/work_dir.py).
         self.workspace = WorkDir(work_dir, self.rank)
         self.storage_dir, self.work_dir = self.workspace.storage_dir, self.workspace.local_dir
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
-        seed, self._seed_given = run_seed(seed)  # None: drawn on rank 0, shared with every rank
-        self.seed = seed
-        seed_everything(seed)
+        self.seed, self._seed_given = run_seed(seed)  # None: drawn on rank 0, shared with every rank
+        seed_everything(self.seed)
 
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
@@ -147,8 +141,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         compile_model(self.model, compile_options(compile))  # in place: wrappers and keys unchanged
         check_sharded_optimizer(self.wrapped_model, optimizer)
         self.optimizer = build_optimizer(optimizer, self.model)
-        self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
-        self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
+        self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', self.seed, self.rank,
+                                                 self.world_size)
+        self.val_dataloader = self.build_val_loader(val_dataloader)
         self.val_evaluator = build_evaluator(val_evaluator)
         plan_run_length(self, self._given_iters_per_epoch)
 
@@ -159,8 +154,7 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.metrics = {}  # the latest validation results (written by val() only)
         self.meters = MeterBuffer()
         self._losses = self.meters.bulk_series('loss')  # the step's scalar loss: one C call per iteration
-        self.exception = None
-        self.stop_reason = None
+        self.exception = self.stop_reason = None
 
         self._init_dispatch(profile_hooks)
         self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
@@ -210,7 +204,6 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
     def train_outputs(self):
         return self.outputs
 
-    # -- hooks: registration and dispatch are HookDispatch's (hookloop/engine/dispatch.py) --------
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
@@ -231,12 +224,7 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             self.workspace.release()
             raise
         if resume_checkpoint is not None and resume_point.iter >= self.max_iters:
-            try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
-                self._setup_hooks()
-                self.checkpointer.restore(resume_path, resume_checkpoint)
-            finally:
-                self.workspace.release()
-            self.checkpointer.say_complete(resume_point)
+            self.checkpointer.restore_finished(resume_path, resume_checkpoint, resume_point)
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
