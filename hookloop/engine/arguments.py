@@ -39,10 +39,16 @@ def argument_names(trainer_class):
 
 def check_arguments(trainer_class, unknown, custom_imports, evaluation):
     """Refuse MMCV keys and unknown names (``unknown``: the names ``trainer_class`` does not
-    take) and import ``custom_imports`` (they register models, datasets, hooks)."""
+    take) and import ``custom_imports``."""
     if unknown or needs_translation({'custom_imports': custom_imports, 'evaluation': evaluation}):
         raise refuse_untranslated({'custom_imports': custom_imports, 'evaluation': evaluation}, unknown,
                                   argument_names(trainer_class))
+    import_custom_modules(custom_imports)
+
+
+def import_custom_modules(custom_imports):
+    """Import ``custom_imports`` (a module name or a list of them): they register models,
+    datasets, hooks."""
     modules = [custom_imports] if isinstance(custom_imports, str) else custom_imports or []
     if not isinstance(modules, (list, tuple)):
         raise ConfigError(f'custom_imports must be a module name or a list of them, got {custom_imports!r}')
@@ -93,5 +99,5 @@ def check_sharded_optimizer(wrapped_model, optimizer):
                           'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
 
 
-__all__ = ['argument_names', 'check_arguments', 'check_sharded_optimizer', 'check_resume_arguments', 'check_run_length',
+__all__ = ['argument_names', 'check_arguments', 'import_custom_modules', 'check_sharded_optimizer', 'check_resume_arguments', 'check_run_length',
            'check_train_step_model', 'positive_int', 'run_seed']
