@@ -19,7 +19,7 @@ def load_with_options(path, cfg_options=None):
 
 def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **overrides):
     """The trainer a config file describes, after overrides."""
-    from .engine.from_config import build_trainer
+    from .compat.build import build_trainer
     cfg = load_with_options(path, cfg_options)
     if work_dir is not None:
         cfg['work_dir'] = work_dir

@@ -187,7 +187,7 @@ def refuse_untranslated(arguments, unknown, known):
     if mmcv or needs_translation({key: arguments[key] for key in ('custom_imports', 'evaluation') if key in arguments}):
         shown = ', '.join(f'{name}=' for name in mmcv) or 'custom_imports=dict(...) or evaluation=dict(metric=...)'
         problems.append(f'{shown}: MMCV 1.x config, which Trainer() does not translate; build the trainer with '
-                        'hookloop.build_trainer(default_args=cfg) or Trainer.from_config(cfg) (docs/migration.md)')
+                        'hookloop.build_trainer(default_args=cfg), which translates it (docs/migration.md)')
     for name in unknown:
         if name not in MMCV_KEYS:
             hint = closest_names(name, list(known) + list(MMCV_KEYS), n=1)

@@ -92,7 +92,7 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             a side stream) while the current step runs (``hookloop/data/prefetch.py``); not on the CPU.
 
         Other names are refused (with a "did you mean"): a config written for MMCV 1.x (``runner``,
-        ``data``, ``workflow``, ``fp16``, ...) or ModelScope goes through :meth:`from_config`.
+        ``data``, ``workflow``, ``fp16``, ...) or ModelScope goes through :func:`~hookloop.build_trainer`.
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -166,13 +166,6 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
             self._hook_list.register_evaluation(evaluation)
-
-    @classmethod
-    def from_config(cls, cfg):
-        """The trainer a config dict describes (hookloop's, MMCV 1.x's or ModelScope's; see
-        :func:`~hookloop.build_trainer`), as ``build_trainer(cls, default_args=cfg)``."""
-        from .from_config import build_trainer
-        return build_trainer(cls, default_args=cfg)
 
     # -- set-up ----------------------------------------------------------------------------
     def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):

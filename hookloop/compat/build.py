@@ -2,10 +2,12 @@
 ``configuration.json``, MMCV 1.x keys) into the Trainer's arguments, then builds it.
 
 Translation happens here, before a trainer exists: ``Trainer(...)`` takes hookloop's arguments
-only. The translators live in :mod:`hookloop.compat` (above the engine), so they are imported
-inside the function, when a config is built.
+only. It lives in ``compat/`` because it uses the translators; the engine never imports it.
 """
+from ..engine.trainer import Trainer
 from ..registry import TRAINERS
+from . import modelscope
+from .mmcv_config import is_mmcv_config, translate
 
 
 def build_trainer(name='default', default_args=None):
@@ -17,13 +19,10 @@ def build_trainer(name='default', default_args=None):
     ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
     at start, likely typos are errors.
     """
-    from .trainer import Trainer
     args = dict(default_args or {})
     target = TRAINERS.get(name) if isinstance(name, str) else name
     notes = []
     if isinstance(target, type) and issubclass(target, Trainer):
-        from ..compat import modelscope
-        from ..compat.mmcv_config import is_mmcv_config, translate
         if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
             args = modelscope.trainer_args(args)
         elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
