@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import hookloop.checkpoint.atomic as atomic_module
 import hookloop.checkpoint.format as ckpt_module
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
@@ -93,14 +94,14 @@ def test_one_save_in_flight_and_the_run_waits_for_the_last(tmp_path, monkeypatch
 
 def failing_disk(monkeypatch, fail_on):
     # write_temporary is the first step of every save (the checkpoint, its .sha256, the pointer)
-    original, calls = ckpt_module.write_temporary, []
+    original, calls = atomic_module.write_temporary, []
 
     def write_temporary(path, write):
         calls.append(path)
         if os.path.basename(path) == fail_on:
             raise OSError(errno.ENOSPC, 'No space left on device')
         return original(path, write)
-    monkeypatch.setattr(ckpt_module, 'write_temporary', write_temporary)
+    monkeypatch.setattr(atomic_module, 'write_temporary', write_temporary)
 
 
 def test_failed_background_write_is_raised_at_the_next_save(tmp_path, monkeypatch):

@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from hookloop.checkpoint.format import POINTER_NAME, checksum_path, load_checkpoint, save_checkpoint
+from hookloop.checkpoint.checksum import checksum_path
+from hookloop.checkpoint.format import POINTER_NAME, load_checkpoint, save_checkpoint
 from hookloop.cli import main
 
 BASE = """

@@ -9,11 +9,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from hookloop.checkpoint.format import file_checksum, load_checkpoint, save_checkpoint, update_pointer
+from hookloop.checkpoint.checksum import file_checksum
+from hookloop.checkpoint.format import load_checkpoint, save_checkpoint, update_pointer
 from hookloop.cli import build_from_config, main
 from hookloop.checkpoint.dcp_metadata import METADATA_FILE, read_dcp_metadata
 from hookloop.errors import CheckpointError
-from hookloop.dist.fsdp import MANIFEST_DIGEST, META_FILE, SHARD_CHECKSUMS, verify_sharded, write_shard_checksums
+from hookloop.checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, SHARD_CHECKSUMS, verify_sharded, write_shard_checksums
 
 CONFIG = """
 custom_imports = ['hookloop.examples.digits']

@@ -182,7 +182,7 @@ def test_sharded_directory_is_for_resume_only(tmp_path, no_torchrun_env):
     """A sharded checkpoint is a directory with hookloop.pth inside: accepted by
     resume_from (checked when training starts), refused by load_from up front."""
     from hookloop.checkpoint.format import CheckpointError
-    from hookloop.dist.fsdp import is_sharded_checkpoint
+    from hookloop.checkpoint.sharded_files import is_sharded_checkpoint
     shard_dir = tmp_path / 'iter_6.pth'
     shard_dir.mkdir()
     assert not is_sharded_checkpoint(str(shard_dir))

@@ -10,7 +10,8 @@ import torch
 
 from hookloop.checkpoint import format as ckpt
 from hookloop.fileio import hashing
-from hookloop.checkpoint.format import checksum_path, load_checkpoint, save_checkpoint, verify_checksum
+from hookloop.checkpoint.checksum import checksum_path, verify_checksum
+from hookloop.checkpoint.format import load_checkpoint, save_checkpoint
 from hookloop.errors import CheckpointError
 
 ALGORITHMS = ['sha256'] + (['xxh128'] if hashing.available('xxh128') else [])

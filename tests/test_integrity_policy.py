@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Trainer
-from hookloop.checkpoint.format import checksum_path
+from hookloop.checkpoint.checksum import checksum_path
 from hookloop.errors import CheckpointError
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import hookloop.checkpoint.atomic as atomic_module
 import hookloop.checkpoint.format as ckpt_module
 from conftest import Regressor, regression_data
 from hookloop import Hook, Trainer
@@ -116,13 +117,13 @@ def scripted_metric(name, values):
 
 def test_async_best_keeps_the_previous_best_when_the_new_one_fails_to_write(tmp_path, monkeypatch):
     # Item 6: the previous best went before the new one was on disk; its write fails (ENOSPC).
-    original = ckpt_module.write_temporary
+    original = atomic_module.write_temporary
 
     def write_temporary(path, write):
         if os.path.basename(path) == 'best_acc_epoch_2.pth':
             raise OSError(errno.ENOSPC, 'No space left on device')
         return original(path, write)
-    monkeypatch.setattr(ckpt_module, 'write_temporary', write_temporary)
+    monkeypatch.setattr(atomic_module, 'write_temporary', write_temporary)
     trainer = make_trainer(tmp_path, Regressor(), checkpoint_config=dict(interval=1, save_best='acc',
                                                                          async_save=True),
                            val_dataloader=DataLoader(regression_data(8), batch_size=8),

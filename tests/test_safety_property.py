@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import hookloop.checkpoint.format as ckpt_module
+import hookloop.checkpoint.atomic as atomic_module
 from hookloop import Trainer
 from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import InvalidLossError
@@ -156,13 +156,13 @@ def stop_bound(case):
 def test_random_runs_never_keep_a_bad_state_nor_drop_a_good_one(tmp_path, monkeypatch, seed):
     case = draw(random.Random(seed))
     written = []  # every checkpoint file committed, in order
-    original = ckpt_module.commit
+    original = atomic_module.commit
 
     def commit(tmp_path_, path):
         original(tmp_path_, path)
         if path.endswith('.pth'):
             written.append(path)
-    monkeypatch.setattr(ckpt_module, 'commit', commit)
+    monkeypatch.setattr(atomic_module, 'commit', commit)
     logging.getLogger('hookloop').setLevel(logging.WARNING)
     trainer, error, best = run_case(tmp_path, case, written)
     fp16 = case['kind'].startswith('fp16')

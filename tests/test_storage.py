@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Hook, Trainer
-from hookloop.checkpoint.format import checksum_path, load_checkpoint, read_pointer
+from hookloop.checkpoint.checksum import checksum_path
+from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from hookloop.errors import CheckpointError, ConfigError
 from resume_helpers import CONFIG, assert_states_equal, comparable, kill_leftovers, launch, reference_run
 

@@ -10,7 +10,7 @@ from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from resume_helpers import StopAt
 from hookloop import Hook, Trainer
-from hookloop.checkpoint.format import checksum_path
+from hookloop.checkpoint.checksum import checksum_path
 from hookloop.errors import ConfigError, HookloopError
 from hookloop.fileio.work_dir_lock import LOCK_NAME, WorkDirLock
 

@@ -1,4 +1,5 @@
-"""Checkpoints on disk: the format and its atomic write, the async writer, integrity
-(checksums), sharded (DCP) metadata read safely, resume search, config changes on resume,
-trained-only state and best tracking. May import: ``fileio``, ``errors``.
+"""Checkpoints on disk: the format, its atomic write and checksum sidecars, RNG state, the async
+writer, integrity, the files of a sharded (DCP) checkpoint read safely, resume search, restore
+checks, config changes on resume, trained-only state, best tracking.
+May import: ``fileio``, ``config``, ``registry``, ``priority``, ``errors`` (never ``dist``).
 """

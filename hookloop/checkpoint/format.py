@@ -1,166 +1,29 @@
-"""Checkpoint files: atomic writes, safe loads, the ``last_checkpoint`` pointer, RNG state.
+"""Checkpoint files: save and load (``weights_only``), remove, the ``last_checkpoint`` pointer.
 
 A checkpoint is a dict of tensors and plain containers, so
-``torch.load(weights_only=True)`` reads it and a stranger's file runs no code.
+``torch.load(weights_only=True)`` reads it and a stranger's file runs no code. The steps of a
+save are :mod:`hookloop.checkpoint.atomic`'s and :mod:`hookloop.checkpoint.checksum`'s.
 """
 import errno
-import glob
 import io
 import os
 import pickle
-import shutil
-import random
 import re
-import tempfile
+import shutil
 
-import numpy as np
 import torch
 
+from ..errors import CheckpointError
 from ..fileio import hashing
 from ..fileio import storage
-from ..errors import CheckpointError
+from . import atomic, checksum
+from .atomic import DirectorySyncError, io_reason
+from .checksum import CHECKSUM_SUFFIXES
+# engine/trainer.py (being split into the Checkpointer on another branch) imports these from here;
+# drop this line once nothing does: the RNG state is checkpoint/rng.py's.
+from .rng import get_rng_state, set_rng_state  # noqa: F401
 
 POINTER_NAME = 'last_checkpoint'
-TMP_SUFFIX = '.tmp'
-CHECKSUM_SUFFIX = '.sha256'  # the SHA-256 sidecar (every sidecar before XXH128 came)
-CHECKSUM_SUFFIXES = tuple(hashing.SUFFIXES.values())  # every kind of sidecar (see hookloop.fileio.hashing)
-
-
-def _fsync_dir(directory):
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some filesystems do not open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _umask():
-    # The only portable way to read the umask is to set it; put it straight back.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _reason(exc):
-    """The OS's words for an I/O error ("No space left on device"), else the message."""
-    return getattr(exc, 'strerror', None) or str(exc).strip().splitlines()[0]
-
-
-# -- the save path, one step per function (the async saver reuses them) -------------------
-
-def write_temporary(path, write):
-    """Call ``write(file)`` on a new temporary file beside ``path``, flush and fsync it;
-    return the temporary's path. The file gets the permissions ``open()`` would give
-    (``0o666`` less the umask), not ``mkstemp``'s private 0600. On error it is removed.
-
-    For a URL the temporary is an object ``.<name>.<random>.tmp`` beside ``path``
-    (see :func:`hookloop.fileio.storage.write_temporary_url`)."""
-    if storage.is_url(path):
-        return storage.write_temporary_url(path, write)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=TMP_SUFFIX, dir=directory)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, 'wb') as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-    except BaseException:
-        discard(tmp_path)
-        raise
-    return tmp_path
-
-
-def discard(tmp_path):
-    if storage.is_url(tmp_path):
-        return storage.remove_quietly(tmp_path)
-    try:
-        os.unlink(tmp_path)
-    except OSError:
-        pass
-
-
-def file_checksum(path, chunk=1 << 22, algorithm='sha256'):
-    """The digest of a file's bytes (SHA-256 unless ``algorithm`` says otherwise), as hex."""
-    with storage.open_read(path) as f:
-        return hashing.digest_stream(f, algorithm, chunk)
-
-
-def checksum_path(path, algorithm=None):
-    """The sidecar of ``path`` for ``algorithm`` (default: the one new checkpoints get,
-    :func:`hookloop.fileio.hashing.default_algorithm`): ``<path>.xxh128`` or ``<path>.sha256``."""
-    return path + hashing.SUFFIXES[algorithm or hashing.default_algorithm()]
-
-
-def find_checksum(path):
-    """``(algorithm, sidecar path)`` of the sidecar beside ``path``, or None when it has none.
-    The current algorithm's sidecar is looked for first."""
-    first = hashing.default_algorithm()
-    for algorithm in [first] + [a for a in hashing.SUFFIXES if a != first]:
-        sidecar = path + hashing.SUFFIXES[algorithm]
-        if storage.isfile(sidecar):
-            return algorithm, sidecar
-    return None
-
-
-def write_checksum(path, digest, algorithm='sha256'):
-    """The sidecar ``checksum_path(path, algorithm)``, ``<hex>  <name>`` as ``sha256sum`` /
-    ``xxh128sum`` write it (``-c`` checks it), atomically.
-
-    Written *before* the checkpoint is renamed into place: a kill between the two leaves
-    a checksum for a file that is not there yet, never a checkpoint without its checksum."""
-    sidecar = checksum_path(path, algorithm)
-    line = hashing.sidecar_line(digest, storage.basename(path))
-    commit(write_temporary(sidecar, lambda f: f.write(line)), sidecar)
-
-
-def _remove_other_checksums(path, algorithm):
-    """After a save with ``algorithm``: drop the sidecars an earlier file at ``path`` had."""
-    for other, suffix in hashing.SUFFIXES.items():
-        if other != algorithm and storage.isfile(path + suffix):
-            try:
-                if storage.is_url(path):
-                    storage.remove(path + suffix)
-                else:
-                    os.remove(path + suffix)
-            except OSError:
-                pass
-
-
-class DirectorySyncError(CheckpointError):
-    """The rename succeeded (the new file is in place) but the directory's fsync failed."""
-
-
-def commit(tmp_path, path):
-    """Rename the finished temporary over ``path`` (atomic on POSIX) and fsync the directory.
-    For a URL the temporary object is moved to ``path`` (see :mod:`hookloop.fileio.storage`)."""
-    if storage.is_url(path):
-        try:
-            storage.move(tmp_path, path)
-        except BaseException:
-            discard(tmp_path)
-            raise
-        return
-    try:
-        os.replace(tmp_path, path)
-    except BaseException:
-        discard(tmp_path)
-        raise
-    try:
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
-    except OSError as exc:  # after the rename: the new file is in place, not the previous one
-        raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
-                              f'({_reason(exc)}): it may not survive a crash of the machine') from exc
-
-
-def atomic_write(path, write):
-    """Call ``write(file)`` on a temporary file (or object, for a URL) beside ``path``,
-    fsync it, rename (move) it to ``path``. On any error the temporary is removed and
-    ``path`` is untouched."""
-    commit(write_temporary(path, write), path)
 
 
 def save_checkpoint(checkpoint, path):
@@ -175,24 +38,24 @@ def save_checkpoint(checkpoint, path):
         digest.append(hashed.hexdigest())
 
     try:
-        tmp_path = write_temporary(path, write)
+        tmp_path = atomic.write_temporary(path, write)
         synced = None
         try:
-            write_checksum(path, digest[0], algorithm)
+            checksum.write_checksum(path, digest[0], algorithm)
         except DirectorySyncError as exc:  # the new sidecar is in place: the checkpoint must join it
             synced = exc
         except BaseException:
-            discard(tmp_path)
+            atomic.discard(tmp_path)
             raise
-        commit(tmp_path, path)
-        _remove_other_checksums(path, algorithm)
+        atomic.commit(tmp_path, path)
+        checksum.remove_other_checksums(path, algorithm)
         if synced is not None:
             raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
-                                     f'({_reason(synced.__cause__)}): it may not survive a crash of the machine')
+                                     f'({io_reason(synced.__cause__)}): it may not survive a crash of the machine')
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
         # ("enforce fail ... unexpected pos"), with the file's OSError (ENOSPC, EIO) as its context
-        reason = _reason(exc.__context__ if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError)
-                         else exc)
+        reason = io_reason(exc.__context__ if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError)
+                           else exc)
         if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):
             reason = os.strerror(errno.ENOSPC)
         raise CheckpointError(f'could not write checkpoint {path}: {reason}; '
@@ -234,41 +97,6 @@ def remove_checkpoint(path):
             os.remove(path + suffix)
 
 
-def verify_checksum(path):
-    """Compare ``path`` with its sidecar (``.xxh128`` or ``.sha256``). Returns False when there
-    is no sidecar (a file hookloop did not write, e.g. a plain ``torch.save``); CheckpointError
-    on a mismatch. :func:`load_checkpoint` verifies while it reads instead."""
-    expected = _expected_checksum(path)
-    if expected is None:
-        return False
-    algorithm, sidecar, digest = expected
-    _compare(path, sidecar, algorithm, digest, file_checksum(path, algorithm=algorithm))
-    return True
-
-
-def _expected_checksum(path):
-    """``(algorithm, sidecar, hex digest)`` from the sidecar of ``path``, None without one."""
-    found = find_checksum(path)
-    if found is None:
-        return None
-    algorithm, sidecar = found
-    try:
-        digest = hashing.parse_sidecar(storage.read_bytes(sidecar))
-    except (OSError, IndexError, ValueError):  # UnicodeDecodeError is a ValueError
-        raise CheckpointError(f'{sidecar!r}, the checksum of {path!r}, is damaged') from None
-    if not hashing.available(algorithm):
-        raise CheckpointError(f'{path!r} has an {hashing.NAMES[algorithm]} checksum ({storage.basename(sidecar)}) '
-                              'and the xxhash package is not installed to check it: pip install xxhash '
-                              '(or load it with verify=False)')
-    return algorithm, sidecar, digest
-
-
-def _compare(path, sidecar, algorithm, expected, actual):
-    if actual != expected:
-        raise CheckpointError(f'{path!r} is damaged: its {hashing.NAMES[algorithm]} does not match '
-                              f'{storage.basename(sidecar)} (changed or corrupted after it was written)')
-
-
 # -- the pointer to the latest checkpoint ---------------------------------------------------
 
 def _url_normpath(url):
@@ -308,9 +136,9 @@ def update_pointer(work_dir, checkpoint_path):
         if inside(target, work_dir):
             target = os.path.relpath(os.path.realpath(target), os.path.realpath(work_dir))
     try:
-        atomic_write(pointer, lambda f: f.write(target.encode()))
+        atomic.atomic_write(pointer, lambda f: f.write(target.encode()))
     except OSError as exc:
-        raise CheckpointError(f'could not update {pointer}: {_reason(exc)}; '
+        raise CheckpointError(f'could not update {pointer}: {io_reason(exc)}; '
                               'it still names the previous checkpoint') from exc
 
 
@@ -339,7 +167,7 @@ def read_pointer(work_dir, also_inside=()):
     except UnicodeDecodeError:
         raise CheckpointError(f'{pointer} is damaged: not UTF-8 text') from None
     except OSError as exc:
-        raise CheckpointError(f'cannot read {pointer}: {_reason(exc)}') from None
+        raise CheckpointError(f'cannot read {pointer}: {io_reason(exc)}') from None
     if not text or '\n' in text or '\0' in text or len(raw) > 4096:
         raise CheckpointError(f'{pointer} is damaged: it should hold one checkpoint path')
     if url or storage.is_url(text):  # a URL work dir, or a pointer to a checkpoint hook's URL out_dir
@@ -356,22 +184,6 @@ def read_pointer(work_dir, also_inside=()):
     return path
 
 
-def remove_stale_temporaries(directory):
-    """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
-
-    Only rank 0 of the run that owns ``directory`` (it holds the work dir's lock) calls this."""
-    if storage.is_url(directory):
-        return storage.remove_stale_temporaries_url(directory)
-    removed = []
-    for path in glob.glob(os.path.join(glob.escape(directory), '.*' + TMP_SUFFIX)):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
-
-
 def save_safetensors(state_dict, path):
     """Export tensors (weights only, no code, no pickle) to ``path`` atomically."""
     try:
@@ -383,9 +195,9 @@ def save_safetensors(state_dict, path):
     tensors = {key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
                if hasattr(value, 'detach')}
     try:
-        atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
+        atomic.atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
     except OSError as exc:
-        raise CheckpointError(f'could not write {path}: {getattr(exc, "strerror", None) or exc}') from exc
+        raise CheckpointError(f'could not write {path}: {io_reason(exc)}') from exc
 
 
 def load_checkpoint(path, map_location='cpu', verify=True):
@@ -401,23 +213,23 @@ def load_checkpoint(path, map_location='cpu', verify=True):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
     if storage.size(path) == 0:
         raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): not a checkpoint')
-    expected = _expected_checksum(path) if verify else None
+    expected = checksum.expected_checksum(path) if verify else None
     if expected is None:
         source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
         return _torch_load(source, path, map_location)
     algorithm, sidecar, digest = expected
     if storage.is_url(path):  # one read of the object, hashed in memory
         data = storage.read_bytes(path)
-        _compare(path, sidecar, algorithm, digest, hashing.digest_bytes(data, algorithm))
+        checksum.compare(path, sidecar, algorithm, digest, hashing.digest_bytes(data, algorithm))
         return _torch_load(io.BytesIO(data), path, map_location)
     with open(path, 'rb') as file:  # hashed as torch reads it: no second read for the checksum
         reader = hashing.HashingReader(file, algorithm)
         try:
             checkpoint = _torch_load(reader, path, map_location)
         except CheckpointError:  # a damaged file says it is damaged, as a check before loading would
-            _compare(path, sidecar, algorithm, digest, reader.finish())
+            checksum.compare(path, sidecar, algorithm, digest, reader.finish())
             raise
-        _compare(path, sidecar, algorithm, digest, reader.finish())
+        checksum.compare(path, sidecar, algorithm, digest, reader.finish())
     return checkpoint
 
 
@@ -439,32 +251,3 @@ def _torch_load(source, path, map_location):
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f'{path!r} is not a hookloop checkpoint (got {type(checkpoint).__name__})')
     return checkpoint
-
-
-# -- random number generators, in a weights_only-safe form ---------------------------------
-
-def get_rng_state():
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        'python': {'version': version, 'state': list(internal), 'gauss': gauss},
-        'numpy': {'name': name, 'keys': torch.from_numpy(keys.astype(np.int64)), 'pos': int(pos),
-                  'has_gauss': int(has_gauss), 'cached_gaussian': float(cached)},
-        'torch': torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state['cuda'] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state):
-    python = state['python']
-    random.setstate((python['version'], tuple(python['state']), python['gauss']))
-    numpy = state['numpy']
-    # A checkpoint loaded with map_location='cuda' has its RNG tensors on the GPU;
-    # the generators take CPU byte tensors.
-    np.random.set_state((numpy['name'], numpy['keys'].cpu().numpy().astype(np.uint32), numpy['pos'],
-                         numpy['has_gauss'], numpy['cached_gaussian']))
-    torch.set_rng_state(state['torch'].cpu())
-    if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state['cuda']])

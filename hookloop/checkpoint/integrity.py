@@ -15,6 +15,7 @@ import warnings
 
 from ..fileio import storage
 from ..errors import CheckpointError
+from .checksum import CHECKSUM_SUFFIXES, checksum_path
 
 SWITCH = 'HOOKLOOP_ALLOW_UNVERIFIED'
 
@@ -56,7 +57,6 @@ def sidecar_state(sidecar):
 def check_sidecar(path):
     """Refuse (or with the switch, warn about) ``path`` when none of its sidecars (``.xxh128``,
     ``.sha256``) is a regular file."""
-    from .format import CHECKSUM_SUFFIXES, checksum_path
     states = {suffix: sidecar_state(path + suffix) for suffix in CHECKSUM_SUFFIXES}
     if 'file' in states.values():
         return

@@ -14,9 +14,11 @@ import re
 
 from ..fileio import storage
 
-from .format import CHECKSUM_SUFFIXES, POINTER_NAME, TMP_SUFFIX, inside, load_checkpoint, read_pointer
+from .atomic import TMP_SUFFIX
+from .checksum import CHECKSUM_SUFFIXES
+from .format import POINTER_NAME, inside, load_checkpoint, read_pointer
 from ..errors import CheckpointError
-from ..dist.fsdp import is_sharded_checkpoint, verify_sharded
+from .sharded_files import is_sharded_checkpoint, verify_sharded
 from .integrity import UnverifiedCheckpointError, require_sidecar
 
 _POSITION = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')

@@ -19,6 +19,9 @@ from ..config.loader import Config, load_config
 from ..errors import ConfigError
 from .modelscope_train import checkpoint_args, evaluation_hook, follow_work_dir, logger_hook, merged_hooks
 
+# What the CLI and build_trainer use; users reach it through them (docs/api.md).
+__all__ = ['looks_like_modelscope', 'translate', 'trainer_args']
+
 _SECTIONS = ('framework', 'task', 'pipeline', 'preprocessor', 'model', 'dataset', 'train', 'evaluation')
 _LOADER_KEYS = {'batch_size_per_gpu': 'batch_size', 'workers_per_gpu': 'num_workers', 'shuffle': 'shuffle',
                 'drop_last': 'drop_last', 'pin_memory': 'pin_memory'}

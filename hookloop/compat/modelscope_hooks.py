@@ -25,7 +25,7 @@ import torch
 
 from ..fileio import storage
 from ..checkpoint.best import BestCheckpoint
-from ..checkpoint.format import atomic_write
+from ..checkpoint.atomic import atomic_write
 from ..errors import ConfigError
 from ..dist.fsdp import is_sharded_model
 from ..hooks.checkpoint import CheckpointHook

@@ -17,7 +17,7 @@ import contextlib
 import time
 import warnings
 
-from ..checkpoint.format import get_rng_state, set_rng_state
+from ..checkpoint.rng import get_rng_state, set_rng_state
 from .resumable import SeededDataset, set_loader_epoch
 from .stream_state import resume_plan
 from ..dist.process_group import all_gather_objects

@@ -1,3 +1,4 @@
-"""torch.distributed: the process group (torchrun), DDP/FSDP2 wrapping and sharded checkpoints.
-May import: ``checkpoint``, ``fileio``, ``errors``.
+"""torch.distributed: the process group (torchrun), DDP/FSDP2 wrapping, and writing and loading
+sharded checkpoints through DCP (their files are ``checkpoint.sharded_files``').
+May import: ``checkpoint``, ``fileio``, ``config``, ``registry``, ``priority``, ``errors``.
 """

@@ -19,22 +19,21 @@ Resuming needs the same model and a process group of any size: DCP reshards. Ten
 hook states (EMA averages) that are sharded like the parameters (DTensors) are saved by every
 rank through DCP too, not from rank 0's shard alone; ``hookloop.pth`` holds a placeholder
 naming their DCP key, and a resume loads them into the hooks' current (resharded) tensors.
-Sharded checkpoints are local-only: their directory must be a local path.
+Sharded checkpoints are local-only: their directory must be a local path. Recognising and
+verifying the directory's files is :mod:`hookloop.checkpoint.sharded_files`'s (no process group needed).
 """
 import os
 from collections.abc import Mapping
 
 import torch
 
-from ..checkpoint.format import atomic_write, file_checksum, load_checkpoint, save_checkpoint, update_pointer
-from ..checkpoint import integrity
-from ..checkpoint.dcp_load import check_storage, load_dcp
-from ..checkpoint.dcp_metadata import METADATA_FILE, read_dcp_metadata, read_regular_file
+from ..checkpoint.format import save_checkpoint, update_pointer
+from ..checkpoint.dcp_load import load_dcp
+from ..checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, verify_sharded, write_shard_checksums
+# engine/trainer.py (being split on another branch) imports it from here; drop once nothing does.
+from ..checkpoint.sharded_files import is_sharded_checkpoint  # noqa: F401
 from ..errors import CheckpointError, ConfigError
 
-META_FILE = 'hookloop.pth'
-SHARD_CHECKSUMS = 'shards.sha256'
-MANIFEST_DIGEST = 'shards_digest'  # the key in hookloop.pth that holds shards.sha256's own digest
 PLACEHOLDER = 'hookloop.dcp:'  # a hook-state tensor stored in the DCP files under the key that follows
 
 
@@ -72,10 +71,6 @@ def is_sharded_model(model):
         return False
     from torch.distributed.fsdp import FSDPModule
     return isinstance(model, FSDPModule)
-
-
-def is_sharded_checkpoint(path):
-    return os.path.isdir(path) and os.path.isfile(os.path.join(path, META_FILE))
 
 
 def _tensor_states(model, optimizer):
@@ -194,76 +189,6 @@ def load_sharded(path, model, optimizer, hook_states=None):
     else:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
         set_model_state_dict(model, states['model'])
-    return rest
-
-
-def _shard_files(path):
-    return sorted(name for name in os.listdir(path) if name.endswith('.distcp') or name == METADATA_FILE)
-
-
-def write_shard_checksums(path):
-    """``<path>/shards.sha256``: the checksum of every file DCP wrote (rank 0, after the shards).
-    Returns the manifest's own checksum (recorded in ``hookloop.pth``)."""
-    lines = ''.join(f'{file_checksum(os.path.join(path, name))}  {name}\n' for name in _shard_files(path))
-    atomic_write(os.path.join(path, SHARD_CHECKSUMS), lambda f: f.write(lines.encode()))
-    return file_checksum(os.path.join(path, SHARD_CHECKSUMS))
-
-
-def _read_manifest(path, manifest):
-    """``{file name: digest}`` from ``shards.sha256``; only plain names of shard files
-    (``*.distcp``, ``.metadata``) directly inside ``path``."""
-    try:
-        text = read_regular_file(manifest, 16 << 20, 'shard checksum list').decode('ascii')
-        expected = {}
-        for line in text.splitlines():
-            if line.strip():
-                digest, name = line.split(None, 1)
-                expected[name.strip().lstrip('*')] = digest.lower()
-    except (UnicodeDecodeError, ValueError):
-        raise CheckpointError(f'{manifest!r} is damaged') from None
-    for name in expected:
-        if name != METADATA_FILE and not (name.endswith('.distcp') and os.path.basename(name) == name
-                                          and name not in ('.', '..') and '\\' not in name):
-            raise CheckpointError(f'{manifest!r} lists {name!r}, which is not a shard file inside the checkpoint '
-                                  'directory: refusing it')
-    return expected
-
-
-def verify_sharded(path):
-    """Check a sharded checkpoint directory without running anything from it:
-    ``hookloop.pth`` with ``weights_only`` (and its sidecar), the manifest against the digest
-    ``hookloop.pth`` records, every shard file against the manifest, ``.metadata`` through the
-    restricted unpickler and its storage entries inside the directory. Returns
-    ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
-    if not is_sharded_checkpoint(path):
-        raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
-    meta_file = os.path.join(path, META_FILE)
-    if os.path.islink(meta_file):
-        raise CheckpointError(f'{meta_file!r} is a symbolic link: refusing to follow it out of the checkpoint')
-    rest = load_checkpoint(meta_file)
-    integrity.check_sidecar(meta_file)
-    manifest = os.path.join(path, SHARD_CHECKSUMS)
-    recorded = rest.get(MANIFEST_DIGEST)
-    if integrity.sidecar_state(manifest) != 'file':
-        integrity.missing(path, f'its {SHARD_CHECKSUMS} is {integrity.sidecar_state(manifest)}')
-    else:
-        if recorded is not None and file_checksum(manifest) != str(recorded).lower():
-            raise CheckpointError(f'{manifest!r} is damaged: its SHA-256 does not match the one {META_FILE} records')
-        if recorded is None:
-            integrity.missing(path, f'{META_FILE} records no digest of {SHARD_CHECKSUMS} (an older checkpoint)')
-        expected = _read_manifest(path, manifest)
-        for name in sorted(set(expected) | set(_shard_files(path))):
-            file = os.path.join(path, name)
-            if name not in expected:
-                raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
-            state = integrity.sidecar_state(file)
-            if state == 'missing':
-                raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
-            if state != 'file':
-                raise CheckpointError(f'{file!r} is {state}, not a shard file: refusing it')
-            if file_checksum(file) != expected[name]:
-                raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
-    check_storage(read_dcp_metadata(path), path)
     return rest
 
 

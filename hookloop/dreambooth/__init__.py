@@ -10,6 +10,8 @@ A back-end is an ``nn.Module`` with: ``forward(pixel_values, prompts) -> {'model
 ``generate(prompts, generator=None, resolution=None)`` -> samples in [-1, 1];
 ``save_sample(sample, path_stem)``; ``save_pretrained(directory)``; ``vae_scale_factor``;
 and optionally ``resolution``, ``sample_channels`` and ``fixed_resolution``.
+
+May import: ``engine`` and everything below it; not ``compat``, ``commands`` or ``cli``.
 """
 from .dataset import DreamBoothDataset, collate_dreambooth
 from .diffusers_backend import DiffusersDreamBooth

@@ -7,179 +7,28 @@ images, memory options) into model arguments, optimizer groups and stock hook se
 Stepping, mixed precision, checkpoints, logging, validation and the final pipeline
 directory are hooks.
 """
-import importlib
 import inspect
 import os
-import random
 from collections.abc import Mapping
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
 
-from ..engine.builder import build_dataset, build_model
+from ..checkpoint.rng import get_rng_state, set_rng_state
+from ..engine.builder import build_model
 from ..data.resumable import ResumableBatchSampler, mix_seed, seed_everything
 from ..dist.process_group import is_distributed
 from ..errors import ConfigError
-from ..registry import MODELS, OPTIMIZERS, TRAINERS, check_call_arguments
+from ..registry import TRAINERS, check_call_arguments
 from ..engine.trainer import Trainer
+from . import arguments
 from .dataset import DreamBoothDataset, check_interpolation, collate_dreambooth, list_samples
 from .flags import DEFAULT_CHECKPOINT_INTERVAL, take_diffusers_flags, with_foreign_flags
 from .loss import PriorPreservationLoss
 from .validation import ValidationCollate, ValidationPrompts, check_validation
 
-# Arguments of the diffusers back-end that the trainer takes too (the names of diffusers' scripts).
-_MODEL_OPTIONS = dict(lora=None, train_text_encoder=False, tokenizer_max_length=None, snr_gamma=None,
-                      noise_offset=0.0, gradient_checkpointing=False)
 _DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}
 
 _TRAINER_ARGS = [name for name in inspect.signature(Trainer.__init__).parameters if name != 'self']
-
-
-def _model_config(model):
-    """``model`` as an nn.Module or a MODELS config; a directory picks its back-end."""
-    if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.isdir(path):
-            raise ConfigError(f'dreambooth_diffusion model {path!r} is not a local directory (give a '
-                              'pretrained_model_name_or_path saved on disk, or a model config dict)')
-        kind = 'TinyDiffusion' if os.path.isfile(os.path.join(path, 'tiny_diffusion.json')) else 'DiffusersDreamBooth'
-        return dict(type=kind, pretrained_model_name_or_path=path)
-    return model
-
-
-def _static_scale_factor(model):
-    """The VAE factor of a model config, read without building the model (None: unknown)."""
-    if isinstance(model, Mapping) and isinstance(model.get('type'), str) and model['type'] in MODELS:
-        reader = getattr(MODELS.get(model['type']), 'scale_factor_from_config', None)
-        return reader(model) if reader is not None else None
-    return getattr(model, 'vae_scale_factor', None)
-
-
-def _check_resolution(resolution, factor):
-    if resolution is None or factor is None:
-        return
-    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 1:
-        raise ConfigError(f'dreambooth_diffusion resolution must be a positive int, got {resolution!r}')
-    if resolution % factor:
-        raise ConfigError(f'dreambooth_diffusion resolution {resolution} is not divisible by the VAE '
-                          f'down-sampling factor {factor}; use a multiple of {factor}, e.g. '
-                          f'{max(factor, resolution // factor * factor)}')
-
-
-def _instance_samples(instance_data_dir, instance_data):
-    if (instance_data_dir is None) == (instance_data is None):
-        raise ConfigError('dreambooth_diffusion needs exactly one of instance_data_dir (a directory of '
-                          'subject images) and instance_data (tensors or a dataset); got '
-                          f'instance_data_dir={instance_data_dir!r} and instance_data={type(instance_data).__name__}')
-    if instance_data_dir is not None:
-        path = os.fspath(instance_data_dir)
-        if not os.path.isdir(path):
-            raise ConfigError(f'dreambooth_diffusion instance_data_dir {path!r} does not exist or is not a directory')
-        samples = list_samples(path)
-        if not samples:
-            raise ConfigError(f'dreambooth_diffusion instance_data_dir {path!r} holds no images '
-                              '(.png, .jpg, .jpeg, .webp, .bmp) or .safetensors samples')
-        return samples
-    if isinstance(instance_data, Mapping):
-        instance_data = build_dataset(instance_data)
-    if isinstance(instance_data, torch.Tensor):
-        instance_data = list(instance_data)
-    elif isinstance(instance_data, Dataset):
-        instance_data = [instance_data[i] for i in range(len(instance_data))]
-    if not isinstance(instance_data, (list, tuple)) or not instance_data or \
-            not all(isinstance(x, torch.Tensor) for x in instance_data):
-        raise ConfigError('dreambooth_diffusion instance_data must be a non-empty tensor (N, ...), list of '
-                          f'tensors or dataset of tensors, got {type(instance_data).__name__} '
-                          f'of length {len(instance_data) if hasattr(instance_data, "__len__") else "?"}')
-    return list(instance_data)
-
-
-def _is_diffusers_backend(kind):
-    """Whether a model config's ``type`` is DiffusersDreamBooth or a subclass of it."""
-    from .diffusers_backend import DiffusersDreamBooth
-    if isinstance(kind, str):
-        kind = MODELS.get(kind) if kind in MODELS else None
-    return isinstance(kind, type) and issubclass(kind, DiffusersDreamBooth)
-
-
-def _import_custom(custom_imports):
-    """Import ``custom_imports`` before the model is built (they may register its back-end)."""
-    for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
-        if not isinstance(module, str):
-            continue  # the Trainer reports what it cannot import
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
-
-
-def _rng_states():
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def _set_rng_states(states):
-    python, numpy, cpu, cuda = states
-    random.setstate(python)
-    np.random.set_state(numpy)
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
-def _with_model_options(model, options):
-    """Put the back-end options given to the trainer into the model config."""
-    given = {k: v for k, v in options.items() if v != _MODEL_OPTIONS[k]}
-    if not given:
-        return model
-    if not isinstance(model, Mapping):
-        raise ConfigError(f'dreambooth_diffusion {sorted(given)} configure the diffusers back-end: give the model '
-                          f'as a pipeline directory or a config dict, not a built {type(model).__name__} '
-                          '(or pass them to its constructor)')
-    if not _is_diffusers_backend(model.get('type')):
-        raise ConfigError(f'dreambooth_diffusion {sorted(given)} need the diffusers back-end (a pipeline '
-                          f'directory or dict(type="DiffusersDreamBooth", ...)), not {model.get("type")!r}')
-    clash = sorted(set(given) & set(model))
-    if clash:
-        raise ConfigError(f'dreambooth_diffusion {clash} given both to the trainer and in the model config')
-    return {**model, **given}
-
-
-def _optimizer_with_groups(optimizer, model, text_encoder_lr, use_8bit_adam):
-    """The optimizer over the trainable parameters: the text encoder's in their own group
-    at ``text_encoder_lr``; ``bitsandbytes.optim.AdamW8bit`` with ``use_8bit_adam``."""
-    cfg = dict(optimizer)
-    kind = cfg.pop('type', 'AdamW')
-    text = [p for n, p in model.named_parameters() if p.requires_grad and n.startswith('text_encoder.')]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith('text_encoder.')]
-    if text_encoder_lr is not None and not text:
-        raise ConfigError('dreambooth_diffusion text_encoder_lr is set but the text encoder does not train '
-                          '(set train_text_encoder=True or lora=dict(..., text_encoder=True))')
-    groups = [{'params': rest}] + ([{'params': text, 'lr': text_encoder_lr}] if text and text_encoder_lr else [])
-    if len(groups) == 1 and text:
-        groups[0]['params'] = rest + text
-    if use_8bit_adam:
-        try:
-            import bitsandbytes
-        except ImportError as exc:
-            raise ConfigError(f'dreambooth_diffusion use_8bit_adam=True needs bitsandbytes, which cannot be '
-                              f'imported here ({exc}); pip install bitsandbytes, or set use_8bit_adam=False') from None
-        if kind not in ('AdamW', 'Adam'):
-            raise ConfigError(f'dreambooth_diffusion use_8bit_adam=True replaces AdamW; optimizer type is {kind!r}')
-        return bitsandbytes.optim.AdamW8bit(groups, **cfg)
-    return OPTIMIZERS.build(dict(type=kind, **cfg), params=groups)
-
-
-def _cumulative_iters(optimizer_config):
-    if isinstance(optimizer_config, Mapping):
-        return int(optimizer_config.get('cumulative_iters', 1))
-    return int(getattr(optimizer_config, 'cumulative_iters', 1) or 1)
-
-
-def _nonempty_prompt(name, value):
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f'dreambooth_diffusion {name} must be a non-empty string, got {value!r}')
 
 
 @TRAINERS.register_module(module_name=['dreambooth_diffusion', 'DreamBoothDiffusionTrainer'])
@@ -262,7 +111,7 @@ class DreamBoothDiffusionTrainer(Trainer):
         if model is None:
             raise ConfigError('dreambooth_diffusion needs model= (a local pipeline directory, a model config dict '
                               'or a back-end module)')
-        _import_custom(kwargs.get('custom_imports'))  # they may register the back-end the model config names
+        arguments.import_custom(kwargs.get('custom_imports'))  # they may register the back-end the model config names
         if image_interpolation_mode is not None:
             check_interpolation(image_interpolation_mode)
         if any(key not in _TRAINER_ARGS for key in kwargs):  # a clear error naming the argument
@@ -271,8 +120,8 @@ class DreamBoothDiffusionTrainer(Trainer):
             raise ConfigError('dreambooth_diffusion sets its own loss (instance + prior_loss_weight * prior); '
                               'do not pass loss_fn')
         # Everything that can be checked without loading a model is checked first.
-        _nonempty_prompt('instance_prompt', instance_prompt)
-        instance_samples = _instance_samples(instance_data_dir, instance_data)
+        arguments.nonempty_prompt('instance_prompt', instance_prompt)
+        instance_samples = arguments.instance_samples(instance_data_dir, instance_data)
         if not isinstance(with_prior_preservation, bool):
             raise ConfigError(f'dreambooth_diffusion with_prior_preservation must be True or False, '
                               f'got {with_prior_preservation!r}')
@@ -280,7 +129,7 @@ class DreamBoothDiffusionTrainer(Trainer):
             if class_prompt is None:
                 raise ConfigError('dreambooth_diffusion with_prior_preservation=True needs a class_prompt '
                                   "(the subject's class, e.g. 'a photo of dog')")
-            _nonempty_prompt('class_prompt', class_prompt)
+            arguments.nonempty_prompt('class_prompt', class_prompt)
             if isinstance(num_class_images, bool) or not isinstance(num_class_images, int) or num_class_images < 1:
                 raise ConfigError(f'dreambooth_diffusion num_class_images must be a positive int, '
                                   f'got {num_class_images!r}')
@@ -301,10 +150,10 @@ class DreamBoothDiffusionTrainer(Trainer):
                                           or max_grad_norm <= 0):
             raise ConfigError(f'dreambooth_diffusion max_grad_norm must be None or a positive number, '
                               f'got {max_grad_norm!r}')
-        model = _with_model_options(_model_config(model), dict(
+        model = arguments.with_model_options(arguments.model_config(model), dict(
             lora=lora, train_text_encoder=train_text_encoder, tokenizer_max_length=tokenizer_max_length,
             snr_gamma=snr_gamma, noise_offset=noise_offset, gradient_checkpointing=gradient_checkpointing))
-        _check_resolution(resolution, _static_scale_factor(model))
+        arguments.check_resolution(resolution, arguments.static_scale_factor(model))
 
         seed = kwargs.get('seed')
         if isinstance(seed, int) and not isinstance(seed, bool):
@@ -312,12 +161,12 @@ class DreamBoothDiffusionTrainer(Trainer):
         model = build_model(model)
         # The RNG as it is after the model (and LoRA's random initialisation), as diffusers'
         # script leaves it: the Trainer seeds again when it starts; this state is put back after.
-        after_model = _rng_states() if isinstance(seed, int) and not isinstance(seed, bool) else None
+        after_model = get_rng_state() if isinstance(seed, int) and not isinstance(seed, bool) else None
         for needed in ('generate', 'save_sample', 'save_pretrained', 'vae_scale_factor'):
             if not hasattr(model, needed):
                 raise ConfigError(f'dreambooth_diffusion: the model {type(model).__name__} has no {needed!r}; '
                                   'use TinyDiffusion, DiffusersDreamBooth or a module with the same interface')
-        _check_resolution(resolution, model.vae_scale_factor)
+        arguments.check_resolution(resolution, model.vae_scale_factor)
         native = getattr(model, 'resolution', None)
         if resolution is None:
             resolution = native
@@ -375,12 +224,12 @@ class DreamBoothDiffusionTrainer(Trainer):
             raise ConfigError('dreambooth_diffusion scale_lr=True needs optimizer as a config dict with an lr')
         if isinstance(optimizer, Mapping) and scale_lr:
             optimizer = dict(optimizer)
-            factor = loader['batch_size'] * _cumulative_iters(kwargs.get('optimizer_config')) * \
+            factor = loader['batch_size'] * arguments.cumulative_iters(kwargs.get('optimizer_config')) * \
                 int(os.environ.get('WORLD_SIZE', 1))
             optimizer['lr'] = optimizer['lr'] * factor
             text_encoder_lr = text_encoder_lr * factor if text_encoder_lr else None
         if isinstance(optimizer, Mapping) and (text_encoder_lr is not None or use_8bit_adam):
-            optimizer = _optimizer_with_groups(optimizer, model, text_encoder_lr, use_8bit_adam)
+            optimizer = arguments.optimizer_with_groups(optimizer, model, text_encoder_lr, use_8bit_adam)
         elif use_8bit_adam:
             raise ConfigError('dreambooth_diffusion use_8bit_adam=True needs optimizer as a config dict')
         if optimizer is not None:
@@ -388,7 +237,7 @@ class DreamBoothDiffusionTrainer(Trainer):
         super().__init__(model, train_dataloader=loader, custom_hooks=custom_hooks,
                          loss_fn=PriorPreservationLoss(prior_loss_weight, with_prior_preservation), **kwargs)
         if after_model is not None:
-            _set_rng_states(after_model)
+            set_rng_state(after_model)
         sampler = getattr(self.train_dataloader, 'batch_sampler', None)
         if isinstance(sampler, ResumableBatchSampler):
             # torch's DataLoader draws its base seed from the global RNG at each epoch and a

@@ -8,7 +8,8 @@ import random
 import torch
 
 from ..checkpoint.resume_changes import RESUME_POLICIES
-from ..dist.fsdp import is_sharded_checkpoint, is_sharded_model
+from ..checkpoint.sharded_files import is_sharded_checkpoint
+from ..dist.fsdp import is_sharded_model
 from ..dist.process_group import broadcast_object
 from ..errors import CheckpointError, ConfigError
 from ..fileio import storage

@@ -16,13 +16,15 @@ import torch
 from .. import __version__
 from ..checkpoint.async_writer import AsyncCheckpointWriter
 from ..checkpoint.finite_state import check_finite_state
-from ..checkpoint.format import get_rng_state, load_checkpoint, set_rng_state
+from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..checkpoint.restore_checks import check_optimizer_fits
+from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
 from ..checkpoint.resume_search import find_resumable, load_verified
+from ..checkpoint.sharded_files import is_sharded_checkpoint
 from ..checkpoint.trained_state import frozen_meta, load_trained_state, trained_state_dict
-from ..dist.fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
+from ..dist.fsdp import is_sharded_model, load_sharded, save_sharded
 from ..errors import CheckpointError
 from ..fileio import storage
 from ..hooks.order import role_of

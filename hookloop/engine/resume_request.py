@@ -11,7 +11,7 @@ import os
 
 from ..fileio import storage
 from ..errors import CheckpointError, ConfigError
-from ..dist.fsdp import is_sharded_checkpoint
+from ..checkpoint.sharded_files import is_sharded_checkpoint
 
 
 def asked_by_hooks(trainer):

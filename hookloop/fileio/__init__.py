@@ -1,4 +1,4 @@
 """Files and object storage: local paths and fsspec URLs, checksums while bytes stream,
 the work dir and its lock.
-May import: ``hookloop.errors``.
+May import: ``config``, ``registry``, ``priority``, ``errors``.
 """

@@ -1,4 +1,6 @@
-"""The built-in hooks; importing this package registers them in ``HOOKS``."""
+"""The built-in hooks; importing this package registers them in ``HOOKS``. One hook per module; a
+hook module imports only the support modules (base, order, blind_spots, param_schedule, loggers.base).
+May import: ``logging``, ``optim``, ``data``, ``dist``, ``checkpoint``, ``fileio`` and below; never ``engine``."""
 from . import lr_updater, momentum_updater  # noqa: F401  (register <Policy>LrUpdaterHook, <Policy>MomentumUpdaterHook)
 from .base import NEVER, STAGES, Hook
 from .checkpoint import CheckpointHook

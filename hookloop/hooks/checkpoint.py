@@ -3,7 +3,8 @@ import os
 
 from ..fileio import storage
 from ..checkpoint.best import BestCheckpoint
-from ..checkpoint.format import inside, read_pointer, remove_checkpoint, remove_stale_temporaries, save_safetensors
+from ..checkpoint.atomic import remove_stale_temporaries
+from ..checkpoint.format import inside, read_pointer, remove_checkpoint, save_safetensors
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS

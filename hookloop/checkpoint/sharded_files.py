@@ -1,0 +1,95 @@
+"""The files of a sharded (FSDP / DCP) checkpoint directory, checked without torch.distributed.
+
+A sharded checkpoint is a directory: the ``*.distcp`` shards and ``.metadata`` that
+``torch.distributed.checkpoint`` writes, ``shards.sha256`` (the SHA-256 of each, ``sha256sum``
+format) and ``hookloop.pth`` (everything else, with the manifest's own digest). Writing the shards
+is :mod:`hookloop.dist.fsdp`'s; recognising and verifying the directory is here, so resume search
+needs no process group.
+"""
+import os
+
+from ..errors import CheckpointError
+from . import integrity
+from .atomic import atomic_write
+from .checksum import file_checksum
+from .dcp_load import check_storage
+from .dcp_metadata import METADATA_FILE, read_dcp_metadata, read_regular_file
+from .format import load_checkpoint
+
+META_FILE = 'hookloop.pth'
+SHARD_CHECKSUMS = 'shards.sha256'
+MANIFEST_DIGEST = 'shards_digest'  # the key in hookloop.pth that holds shards.sha256's own digest
+
+
+def is_sharded_checkpoint(path):
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, META_FILE))
+
+
+def _shard_files(path):
+    return sorted(name for name in os.listdir(path) if name.endswith('.distcp') or name == METADATA_FILE)
+
+
+def write_shard_checksums(path):
+    """``<path>/shards.sha256``: the checksum of every file DCP wrote (rank 0, after the shards).
+    Returns the manifest's own checksum (recorded in ``hookloop.pth``)."""
+    lines = ''.join(f'{file_checksum(os.path.join(path, name))}  {name}\n' for name in _shard_files(path))
+    atomic_write(os.path.join(path, SHARD_CHECKSUMS), lambda f: f.write(lines.encode()))
+    return file_checksum(os.path.join(path, SHARD_CHECKSUMS))
+
+
+def _read_manifest(path, manifest):
+    """``{file name: digest}`` from ``shards.sha256``; only plain names of shard files
+    (``*.distcp``, ``.metadata``) directly inside ``path``."""
+    try:
+        text = read_regular_file(manifest, 16 << 20, 'shard checksum list').decode('ascii')
+        expected = {}
+        for line in text.splitlines():
+            if line.strip():
+                digest, name = line.split(None, 1)
+                expected[name.strip().lstrip('*')] = digest.lower()
+    except (UnicodeDecodeError, ValueError):
+        raise CheckpointError(f'{manifest!r} is damaged') from None
+    for name in expected:
+        if name != METADATA_FILE and not (name.endswith('.distcp') and os.path.basename(name) == name
+                                          and name not in ('.', '..') and '\\' not in name):
+            raise CheckpointError(f'{manifest!r} lists {name!r}, which is not a shard file inside the checkpoint '
+                                  'directory: refusing it')
+    return expected
+
+
+def verify_sharded(path):
+    """Check a sharded checkpoint directory without running anything from it:
+    ``hookloop.pth`` with ``weights_only`` (and its sidecar), the manifest against the digest
+    ``hookloop.pth`` records, every shard file against the manifest, ``.metadata`` through the
+    restricted unpickler and its storage entries inside the directory. Returns
+    ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
+    if not is_sharded_checkpoint(path):
+        raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
+    meta_file = os.path.join(path, META_FILE)
+    if os.path.islink(meta_file):
+        raise CheckpointError(f'{meta_file!r} is a symbolic link: refusing to follow it out of the checkpoint')
+    rest = load_checkpoint(meta_file)
+    integrity.check_sidecar(meta_file)
+    manifest = os.path.join(path, SHARD_CHECKSUMS)
+    recorded = rest.get(MANIFEST_DIGEST)
+    if integrity.sidecar_state(manifest) != 'file':
+        integrity.missing(path, f'its {SHARD_CHECKSUMS} is {integrity.sidecar_state(manifest)}')
+    else:
+        if recorded is not None and file_checksum(manifest) != str(recorded).lower():
+            raise CheckpointError(f'{manifest!r} is damaged: its SHA-256 does not match the one {META_FILE} records')
+        if recorded is None:
+            integrity.missing(path, f'{META_FILE} records no digest of {SHARD_CHECKSUMS} (an older checkpoint)')
+        expected = _read_manifest(path, manifest)
+        for name in sorted(set(expected) | set(_shard_files(path))):
+            file = os.path.join(path, name)
+            if name not in expected:
+                raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
+            state = integrity.sidecar_state(file)
+            if state == 'missing':
+                raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
+            if state != 'file':
+                raise CheckpointError(f'{file!r} is {state}, not a shard file: refusing it')
+            if file_checksum(file) != expected[name]:
+                raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
+    check_storage(read_dcp_metadata(path), path)
+    return rest
