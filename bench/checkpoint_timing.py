@@ -183,7 +183,7 @@ def time_stall(size_mb, device, saves, interval, directory, async_save, return_w
     gaps = [b - a for a, b in zip(stamps.times, stamps.times[1:])]  # gaps[i]: iteration i + 2
     save_gaps = [gaps[i] for i in range(len(gaps)) if (i + 2) % interval == 0 and i + 2 < len(stamps.times)]
     normal = [gaps[i] for i in range(len(gaps)) if (i + 2) % interval not in (0, 1)]
-    writer = trainer._checkpoint_writer
+    writer = trainer.checkpointer.async_writer
     buffers = writer if return_writer else (len(writer._staging) if writer is not None else 0)
     return statistics.median(save_gaps) - statistics.median(normal), statistics.median(normal), memory.extra, buffers
 

@@ -18,7 +18,7 @@ _PUBLIC = {
     'Priority': 'priority', 'get_priority': 'priority',
     'DATASETS': 'registry', 'HOOKS': 'registry', 'METRICS': 'registry', 'MODELS': 'registry',
     'OPTIMIZERS': 'registry', 'TRAINERS': 'registry', 'Registry': 'registry',
-    'Trainer': 'engine.trainer', 'build_trainer': 'engine.trainer',
+    'Trainer': 'engine.trainer', 'build_trainer': 'compat.build',
 }
 
 __all__ = ['__version__', 'Trainer', 'build_trainer', 'Hook', 'Priority', 'get_priority', 'Registry', 'HOOKS',

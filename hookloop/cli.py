@@ -19,7 +19,7 @@ def load_with_options(path, cfg_options=None):
 
 def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **overrides):
     """The trainer a config file describes, after overrides."""
-    from .engine.trainer import build_trainer
+    from .compat.build import build_trainer
     cfg = load_with_options(path, cfg_options)
     if work_dir is not None:
         cfg['work_dir'] = work_dir
@@ -34,9 +34,7 @@ def build_from_config(path, cfg_options=None, work_dir=None, resume=None, **over
 def hooks_of_config(path, cfg_options=None):
     """The hooks a config registers (with the defaults a run adds), built without a model,
     data or work dir: nothing is loaded and nothing is written."""
-    import importlib
-
-    from .errors import ConfigError
+    from .engine.arguments import import_custom_modules
     from .engine.hook_list import HookList
     from .compat.mmcv_config import is_mmcv_config, needs_translation, translate
     from .engine.trainer import Trainer
@@ -47,14 +45,7 @@ def hooks_of_config(path, cfg_options=None):
         cfg = modelscope.translate(cfg)
     if needs_translation(cfg):  # MMCV 1.x keys (runner=, data=, fp16=, ...): the names a Trainer takes
         cfg, _ = translate(cfg, Trainer, build_data=False)
-    imports = cfg.get('custom_imports') or []
-    for module in [imports] if isinstance(imports, str) else imports:  # they may register hooks
-        if not isinstance(module, str):
-            raise ConfigError(f'custom_imports must be module names (strings), got {module!r}')
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
+    import_custom_modules(cfg.get('custom_imports'))  # they may register hooks
     hooks = HookList()
     hooks.register_training_hooks(cfg.get('lr_config'), cfg.get('optimizer_config'), cfg.get('checkpoint_config'),
                                   cfg.get('log_config'), cfg.get('momentum_config'), cfg.get('timer_config'),

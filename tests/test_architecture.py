@@ -42,18 +42,8 @@ HOOK_SUPPORT = {'hookloop.hooks.base', 'hookloop.hooks.order', 'hookloop.hooks.b
                 'hookloop.hooks.param_schedule', 'hookloop.hooks.loggers.base'}
 HOOK_PACKAGES = {'hookloop.hooks', 'hookloop.hooks.loggers'}
 
-# Violations whose fix arrives with the other branches of issue #24; the merge empties this
-# list (test_known_pending_violations_still_exist fails once one is fixed, so it is not forgotten).
-KNOWN_PENDING = {
-    # config translation moves out of Trainer.__init__ into build_trainer / the CLI
-    ('hookloop.engine.trainer', 'hookloop.compat.mmcv_runner'),
-    ('hookloop.engine.trainer', 'hookloop.compat.mmcv_config'),
-    ('hookloop.engine.trainer', 'hookloop.compat.modelscope'),
-}
 MAX_LINES = 400
 LINE_LIMITS = {'hookloop/engine/trainer.py': 450}  # the loop and validation (issue #24: <= 450)
-# Over its limit until the Trainer split (the Checkpointer, the WorkDir) is merged; emptied then.
-KNOWN_PENDING_SIZES = {'hookloop/engine/trainer.py'}
 
 
 def read_modules(root=ROOT):
@@ -123,19 +113,11 @@ def violations(modules):
 
 def test_no_import_goes_against_the_layers():
     found = violations(read_modules())
-    unexpected = {pair: why for pair, why in found.items() if pair not in KNOWN_PENDING}
-    assert not unexpected, '\n'.join(f'{a} imports {b} ({why})' for (a, b), why in sorted(unexpected.items()))
+    assert not found, '\n'.join(f'{a} imports {b} ({why})' for (a, b), why in sorted(found.items()))
 
 
 def line_count(relative):
     return len((ROOT.parent / relative).read_text(encoding='utf-8').splitlines())
-
-
-def test_known_pending_violations_still_exist():
-    fixed = KNOWN_PENDING - set(violations(read_modules()))
-    assert not fixed, f'fixed: remove {sorted(fixed)} from KNOWN_PENDING'
-    small = {path for path in KNOWN_PENDING_SIZES if line_count(path) <= LINE_LIMITS.get(path, MAX_LINES)}
-    assert not small, f'within its limit now: remove {sorted(small)} from KNOWN_PENDING_SIZES'
 
 
 def test_every_package_is_placed_in_a_layer():
@@ -181,7 +163,7 @@ def test_no_module_outside_compat_is_over_400_lines():
     over = {}
     for path in sorted(ROOT.rglob('*.py')):
         relative = path.relative_to(ROOT.parent).as_posix()
-        if relative.startswith('hookloop/compat/') or relative in KNOWN_PENDING_SIZES:
+        if relative.startswith('hookloop/compat/'):
             continue
         lines = line_count(relative)
         if lines > LINE_LIMITS.get(relative, MAX_LINES):

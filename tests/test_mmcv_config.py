@@ -190,14 +190,15 @@ def test_cfg_options_reach_runner_dict(tmp_path):
     assert cfg['runner'] == {'type': 'EpochBasedRunner', 'max_epochs': 1}
 
 
-def test_trainer_takes_mmcv_keys_directly(tmp_path):
+def test_build_trainer_takes_mmcv_keys(tmp_path):
     from conftest import Regressor, regression_data
 
-    from hookloop import ConfigError, Trainer
-    trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05), work_dir=str(tmp_path), seed=0,
-                      device='cpu', runner=dict(type='EpochBasedRunner', max_epochs=2), workflow=[('train', 1)],
-                      data=dict(samples_per_gpu=8, workers_per_gpu=0, train=regression_data(32)),
-                      dist_params=dict(backend='gloo'), img_norm_cfg=dict(mean=[0.0]))
+    from hookloop import ConfigError, build_trainer
+    trainer = build_trainer(default_args=dict(
+        model=Regressor(), optimizer=dict(type='SGD', lr=0.05), work_dir=str(tmp_path), seed=0,
+        device='cpu', runner=dict(type='EpochBasedRunner', max_epochs=2), workflow=[('train', 1)],
+        data=dict(samples_per_gpu=8, workers_per_gpu=0, train=regression_data(32)),
+        dist_params=dict(backend='gloo'), img_norm_cfg=dict(mean=[0.0])))
     try:
         assert trainer.max_epochs == 2 and trainer.iters_per_epoch == 4  # 32 samples, samples_per_gpu=8
         trainer.train()
@@ -205,4 +206,17 @@ def test_trainer_takes_mmcv_keys_directly(tmp_path):
     finally:
         trainer.close()
     with pytest.raises(ConfigError, match=r"the config has 2 problems:[\s\S]*'lr_confg'[\s\S]*'runer'"):
-        Trainer(Regressor(), lr_confg=dict(policy='step', step=[1]), runer=dict(max_epochs=1))
+        build_trainer(default_args=dict(model=Regressor(), lr_confg=dict(policy='step', step=[1]),
+                                        runer=dict(max_epochs=1)))
+
+
+def test_trainer_refuses_mmcv_keys_and_names_build_trainer(tmp_path):
+    from conftest import Regressor
+
+    from hookloop import ConfigError, Trainer
+    with pytest.raises(ConfigError, match=r'runner=, data=: MMCV 1\.x config[\s\S]*build_trainer\(default_args=cfg\)'):
+        Trainer(Regressor(), work_dir=str(tmp_path), runner=dict(type='EpochBasedRunner', max_epochs=1), data={})
+    with pytest.raises(ConfigError, match=r"2 problems:[\s\S]*'lr_confg'; did you mean 'lr_config'[\s\S]*'runer'; "
+                                          r"did you mean 'runner'"):
+        Trainer(Regressor(), work_dir=str(tmp_path), lr_confg={}, runer={})
+    assert not os.listdir(tmp_path)  # refused before anything is created

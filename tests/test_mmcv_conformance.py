@@ -10,7 +10,7 @@ from conftest import Regressor, regression_data
 from hookloop import ConfigError, Hook, Trainer
 from hookloop.cli import main
 from hookloop.config.loader import load_config
-from hookloop.engine.trainer import build_trainer
+from hookloop.compat.build import build_trainer
 
 
 class LrRecorder(Hook):

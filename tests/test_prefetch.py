@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import hookloop.engine.trainer as trainer_module
+import hookloop.engine.run_length as trainer_module  # where the train stream gets its DevicePrefetcher
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from hookloop import Trainer

@@ -195,7 +195,7 @@ def test_memory_sidecars_relative_pointer_and_walk_back(tmp_path, monkeypatch, m
     with pytest.raises(CheckpointError, match='(XXH128|SHA-256) does not match'):
         load_checkpoint(url + '/iter_6.pth')
     resumed = make_trainer(url, checkpoint, resume_from='auto')
-    path, found = resumed._resume_target()
+    path, found = resumed.checkpointer.resume_target()
     resumed.close()
     assert path == url + '/iter_5.pth' and found['meta']['iter'] == 5
 

@@ -64,10 +64,10 @@ def test_two_spellings_of_one_dir_share_the_lock(tmp_path, first, second):
     os.makedirs(tmp_path / 'run')
     os.symlink(tmp_path / 'run', tmp_path / 'link')
     one = make_trainer(first.format(d=d))
-    one._claim_work_dir()
+    one.workspace.claim()
     try:
         with pytest.raises(ConfigError, match='is in use by another run'):
-            make_trainer(second.format(d=d))._claim_work_dir()
+            make_trainer(second.format(d=d)).workspace.claim()
     finally:
         one.close()
 

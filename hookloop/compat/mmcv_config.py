@@ -16,17 +16,13 @@ from collections.abc import Mapping
 
 import torch
 
+from ..engine.runner_names import EVAL_HOOK_KEYS as _EVAL_HOOK_KEYS
+from ..engine.runner_names import MMCV_KEYS, needs_translation  # the keys this module consumes
 from ..errors import ConfigError
 
-# MMCV keys this module consumes (they never reach the Trainer).
-MMCV_KEYS = ('runner', 'total_epochs', 'total_iters', 'optimizers', 'workflow', 'dist_params', 'gpu_ids',
-             'opencv_num_threads',
-             'mp_start_method', 'cudnn_benchmark', 'auto_scale_lr', 'fp16', 'data', 'train_cfg', 'test_cfg')
 _DATA_KEYS = ('samples_per_gpu', 'workers_per_gpu', 'train', 'val', 'test', 'persistent_workers', 'shuffle',
               'pin_memory', 'drop_last', 'train_dataloader', 'val_dataloader', 'test_dataloader')
 _LOADER_OPTIONS = ('samples_per_gpu', 'workers_per_gpu', 'persistent_workers', 'shuffle', 'pin_memory', 'drop_last')
-_EVAL_HOOK_KEYS = ('interval', 'by_epoch', 'start', 'save_best', 'rule', 'type', 'priority', 'greater_keys',
-                   'less_keys', 'dynamic_intervals')
 # EvalHook / DistEvalHook arguments with no meaning here (results are gathered in memory).
 _EVAL_IGNORED = ('gpu_collect', 'tmpdir', 'broadcast_bn_buffer', 'out_dir',
                  'file_client_args', 'pre_eval', 'efficient_test')
@@ -103,13 +99,6 @@ def is_mmcv_config(cfg):
     """True when ``cfg`` has MMCV 1.x keys or MMCV's hook configs (``lr_config``, ...): then a
     top-level ``train`` is a helper variable (mmocr's dataset dicts), not a ModelScope section."""
     return any(key in cfg for key in MMCV_KEYS + _BY_EPOCH_CONFIGS + ('optimizer_config', 'optimizers'))
-
-
-def needs_translation(cfg):
-    """True when ``cfg`` holds an MMCV key, ``custom_imports`` as a dict or dataset options in ``evaluation``."""
-    evaluation = cfg.get('evaluation')
-    return any(key in cfg for key in MMCV_KEYS) or isinstance(cfg.get('custom_imports'), Mapping) or (
-        isinstance(evaluation, Mapping) and bool(set(evaluation) - set(_EVAL_HOOK_KEYS)))
 
 
 def translate(cfg, target, build_data=True):

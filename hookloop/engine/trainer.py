@@ -1,86 +1,46 @@
-"""The Trainer: state, the train and validation loops, and hook dispatch.
+"""The Trainer: state, the train and validation loops, and hook dispatch (engine/dispatch.py).
 
-Everything optional — stepping the optimizer, schedules, checkpoints, logging —
-is a hook. The loop only fetches batches, runs the model step and calls the
-hooks of each stage; see ``docs/hooks.md`` for the counters each stage sees.
+Everything optional — stepping the optimizer, schedules, checkpoints, logging — is a hook. The
+loop only fetches batches, runs the model step and calls the hooks of each stage (``docs/hooks.md``).
+Checkpoints are the Checkpointer's (``trainer.checkpointer``, engine/checkpointer.py), the work
+dir and its lock the WorkDir's (``trainer.workspace``, fileio/work_dir.py).
 """
 import contextlib
-import importlib
 import itertools
-import math
-import os
-import random
 import time
-import weakref
 from collections.abc import Mapping
 from operator import attrgetter
 
 import torch
 
-from .. import __version__
-from .builder import build_dataloader, build_model, build_optimizer
-from ..checkpoint.async_writer import AsyncCheckpointWriter
-from ..checkpoint.finite_state import check_finite_state
-from ..fileio import storage
-from .compile import compile_model, compile_options
-from ..checkpoint.format import get_rng_state, load_checkpoint, set_rng_state
-from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..data.resumable import seed_everything, set_loader_epoch
-from ..dist.process_group import broadcast_object, init_distributed, resolve_device, teardown, wrap_model
-from ..compat.mmcv_runner import MMCVRunnerAttributes, model_meta, revise_state_keys  # MMCV runner names
-from ..errors import CheckpointError, ConfigError, DataError, HookloopError
-from .evaluator import build_evaluator, real_samples, take_first
-from ..dist.fsdp import is_sharded_checkpoint, is_sharded_model, load_sharded, save_sharded
-from .hook_list import HookList
-from ..hooks.base import SETUP_STAGE, STAGES
-from ..hooks.order import role_of
-from .iteration_calls import iteration_stages
+from ..dist.process_group import broadcast_object, init_distributed, resolve_device, wrap_model
+from ..errors import ConfigError
+from ..fileio.work_dir import WorkDir
+from ..hooks.base import STAGES
 from ..logging.logger import close_logger, create_logger, start_log_file
 from ..logging.meters import MeterBuffer
-from ..fileio.paths import check_can_create_dir, ensure_writable_dir
+from ..registry import TRAINERS
+from .arguments import check_arguments, check_resume_arguments, check_run_length, check_sharded_optimizer, \
+    check_train_step_model, positive_int, run_seed
+from .builder import build_dataloader, build_model, build_optimizer
+from .checkpointer import Checkpointer
+from .compile import compile_model, compile_options
+from .dispatch import HookDispatch, say_where
+from .evaluator import build_evaluator, real_samples, take_first
 from .model_step import as_outputs, call_model, check_losses, detach_outputs, has_train_step, mmcv_train_step, \
     move_to_device, sum_loss_terms, val_forward
-from ..optim.param_groups import set_value  # the param groups' one writer (a resume's config changes)
 from .outcome import Outcome
 from .position import BETWEEN, ITERATION_DONE, Position
-from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from .preflight import check_before_run
-from ..registry import TRAINERS
-from . import elastic_resume
-from . import resume_request
-from ..checkpoint.resume_changes import RESUME_POLICIES, apply_optimizer_changes, config_differences, describe
-from ..checkpoint.resume_search import find_resumable, load_verified
-from ..checkpoint.restore_checks import check_optimizer_fits
+from .run_end import finish_run
+from .run_length import plan_run_length
+from .runner_names import MMCVRunnerAttributes
 from .step import StepState
-from ..data.train_stream import TrainStream, dataset_name
-from ..checkpoint.trained_state import frozen_meta, load_trained_state, trained_state_dict
-from ..fileio.work_dir_lock import WorkDirLock
-
-
-def _positive_int(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f'{name} must be a positive int, got {value!r}')
-    return value
-
-
-def plain(value):
-    """``value`` with everything that is not a plain container, number or string
-    replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, tuple):  # kept a tuple (MMCV's CLASSES): weights_only loads tuples
-        return tuple(plain(v) for v in value)
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 @TRAINERS.register_module(module_name=['default', 'Trainer', 'trainer', 'EpochBasedTrainer'])  # + ModelScope's
-class Trainer(MMCVRunnerAttributes):
+class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and dispatch; the MMCV runner names
     """Runs training with hooks.
 
     Args:
@@ -100,17 +60,13 @@ class Trainer(MMCVRunnerAttributes):
             (required with ``max_epochs`` then); the data continues across epochs. ``None``:
             the loader's length, or for a stream in a ``max_iters`` run, all of it.
         work_dir: where logs and checkpoints go (created).
-        seed: the run's seed; ``None`` draws one (logged and stored in checkpoints). The
-            trainer seeds Python's, NumPy's and torch's global RNGs with it when it is built,
-            and derives the data order and the per-batch worker seeds of hookloop's sampler
-            from it. It cannot reach what was built before: a model (its initial weights)
-            or a loader made before the ``Trainer`` — call ``hookloop.seed_everything(seed)``
-            first for those. CUDA kernels' own nondeterminism is not covered either.
+        seed: the run's seed; ``None`` draws one (logged, stored in checkpoints). It seeds the global
+            RNGs, the data order and the workers; a model or loader built before the Trainer is not
+            covered: call ``hookloop.seed_everything(seed)`` first (docs/data.md).
         device: ``'cpu'``, ``'cuda'``, ... ; ``None`` picks CUDA when available.
         loss_fn: ``loss_fn(outputs, batch)`` turning a plain model's outputs into a loss.
-        lr_config, optimizer_config, checkpoint_config, log_config, momentum_config,
-        timer_config, custom_hooks, evaluation: hook configs, as in MMCV (see
-            :meth:`register_training_hooks`).
+        lr_config, optimizer_config, checkpoint_config, log_config, momentum_config, timer_config,
+            custom_hooks, evaluation: hook configs, as in MMCV (:meth:`register_training_hooks`).
         resume_from: a checkpoint path to continue from exactly, or ``'auto'``.
         auto_resume: continue from ``<work_dir>/last_checkpoint`` when it exists.
         load_from: a checkpoint whose model weights initialise a fresh run.
@@ -123,18 +79,17 @@ class Trainer(MMCVRunnerAttributes):
             on CPU) and how many seconds a collective waits for the other ranks.
         strategy: ``'ddp'`` (default with several ranks), ``'fsdp'`` (FSDP2) or ``'none'``.
         find_unused_parameters: passed to ``DistributedDataParallel``.
-        resume_policy: ``None`` (a resume whose batches per epoch changed mid-epoch is
-            refused) or ``'restart_epoch'`` (such a resume continues from the next epoch).
-        compile: ``True`` or a dict of ``torch.compile`` options (``mode``, ``fullgraph``,
-            ``dynamic``, ``backend``, ``options``): the training and validation steps call the
-            compiled model; checkpoints keep the plain module's keys (``hookloop/engine/compile.py``).
+        resume_policy: ``None`` (a resume whose batches per epoch changed mid-epoch is refused) or
+            ``'restart_epoch'`` (it continues from the next epoch).
+        compile: ``True`` or a dict of ``torch.compile`` options; checkpoints keep the plain module's
+            keys (``hookloop/engine/compile.py``).
         val_iters: run at most this many batches in each validation (ModelScope's
             ``val_iters_per_epoch``); ``None``: the whole val loader.
-        device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking,
-            on a side stream) while the current step runs (``hookloop/data/prefetch.py``); no effect
-            on the CPU.
-        **mmcv_keys: MMCV 1.x config keys (``runner``, ``data``, ``workflow``, ``fp16``, ...), translated
-            by :mod:`hookloop.compat.mmcv_config`; other names are refused, with "did you mean".
+        device_prefetch: on CUDA, copy the next training batch to the GPU (pinned, non-blocking, on
+            a side stream) while the current step runs (``hookloop/data/prefetch.py``); not on the CPU.
+
+        Other names are refused (with a "did you mean"): a config written for MMCV 1.x (``runner``,
+        ``data``, ``workflow``, ``fp16``, ...) or ModelScope goes through :func:`~hookloop.build_trainer`.
     """
 
     def __init__(self, model, optimizer=None, train_dataloader=None, val_dataloader=None, val_evaluator=None,
@@ -145,89 +100,46 @@ class Trainer(MMCVRunnerAttributes):
                  log_level='INFO', launcher='auto', dist_backend=None, strategy=None, dist_timeout=1800,
                  find_unused_parameters=False, profile_hooks=False, revise_keys=None, iters_per_epoch=None,
                  resume_policy=None, compile=None, device_prefetch=True, val_iters=None, **mmcv_keys):
-        arguments = {k: v for k, v in locals().items() if k not in ('self', 'mmcv_keys', '__class__')}
-        arguments.update(mmcv_keys)
-        from ..compat.mmcv_config import needs_translation, translate
-        if needs_translation(arguments) or mmcv_keys:  # MMCV 1.x keys (runner=, data=, ...): hookloop's names
-            arguments, notes = translate(arguments, Trainer)
-            Trainer.__init__(self, **arguments)
-            for note in notes:
-                self.logger.info(note)
-            return
-        modules = [custom_imports] if isinstance(custom_imports, str) else custom_imports or []
-        if not isinstance(modules, (list, tuple)):
-            raise ConfigError(f'custom_imports must be a module name or a list of them, got {custom_imports!r}')
-        for module in modules:
-            if not isinstance(module, str):
-                raise ConfigError(f'custom_imports must be module names (strings), got {module!r}')
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
-        self.max_epochs = _positive_int('max_epochs', max_epochs)
-        self.max_iters = _positive_int('max_iters', max_iters)
-        self._given_iters_per_epoch = _positive_int('iters_per_epoch', iters_per_epoch)
-        self.val_iters = _positive_int('val_iters', val_iters)
-        if train_dataloader is not None and (max_epochs is None) == (max_iters is None):
-            raise ConfigError('give exactly one of max_epochs and max_iters '
-                              f'(got max_epochs={max_epochs!r}, max_iters={max_iters!r})')
+        check_arguments(type(self), mmcv_keys, custom_imports, evaluation)
+        self.max_epochs, self.max_iters = positive_int('max_epochs', max_epochs), positive_int('max_iters', max_iters)
+        self._given_iters_per_epoch = positive_int('iters_per_epoch', iters_per_epoch)
+        self.val_iters = positive_int('val_iters', val_iters)
+        if train_dataloader is not None:
+            check_run_length(max_epochs, max_iters)
         self.by_epoch = max_epochs is not None
-        if resume_from not in (None, 'auto') and load_from is not None:
-            raise ConfigError('resume_from and load_from exclude each other: resume continues a run, '
-                              'load_from starts a new one from its weights (with resume_from="auto", '
-                              'load_from is used only when there is nothing to resume)')
-        for name, path in (('resume_from', resume_from), ('load_from', load_from)):
-            sharded = name == 'resume_from' and path is not None and is_sharded_checkpoint(path)  # FSDP dir
-            if path is not None and path != 'auto' and not (storage.isfile(path) or sharded):
-                raise CheckpointError(f'{name} {path!r} does not exist or is not a file')
-        if resume_policy not in RESUME_POLICIES:
-            raise ConfigError(f'resume_policy must be one of {list(RESUME_POLICIES)}, got {resume_policy!r}')
+        check_resume_arguments(resume_from, load_from, resume_policy)
         self.resume_from, self.auto_resume, self.load_from = resume_from, auto_resume, load_from
-        self.resume_policy = resume_policy
-        self.revise_keys = revise_keys
-        self.cfg = cfg
-        self.loss_fn = loss_fn
+        self.resume_policy, self.revise_keys, self.cfg, self.loss_fn = resume_policy, revise_keys, cfg, loss_fn
 
         self.rank, self.world_size = init_distributed(launcher, dist_backend, dist_timeout, device)
-        # storage_dir: where checkpoints and the pointer go (a path or an fsspec URL);
-        # work_dir: a local directory for files written with open() (logs, event files),
-        # the same as storage_dir unless that is a URL (then copied there at the end).
-        self.storage_dir, self.work_dir = self._make_work_dir(work_dir)
+        # storage_dir: checkpoints (a path or a URL); work_dir: files written with open(), the same
+        # directory or, for a URL, its local mirror (fileio/work_dir.py).
+        self.workspace = WorkDir(work_dir, self.rank)
+        self.storage_dir, self.work_dir = self.workspace.storage_dir, self.workspace.local_dir
         self.timestamp = broadcast_object(time.strftime('%Y%m%d_%H%M%S'))
         self.logger = create_logger(self.work_dir, self.timestamp, self.rank, log_level)
-        seed_given = seed is not None
-        if seed is None:
-            seed = broadcast_object(random.SystemRandom().randrange(2 ** 31))
-        elif isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f'seed must be an int or None, got {seed!r}')
-        self.seed, self._seed_given = seed, seed_given
-        seed_everything(seed)
+        self.seed, self._seed_given = run_seed(seed)  # None: drawn on rank 0, shared with every rank
+        seed_everything(self.seed)
 
         # In a torchrun job a bare 'cuda' (or None with CUDA present) is cuda:LOCAL_RANK.
         self.device = resolve_device(device)
         self.model = build_model(model).to(self.device)
         self._model_train_step = has_train_step(self.model)  # MMCV: train_step(data_batch, optimizer) is the step
-        if self._model_train_step and self.world_size > 1 and strategy != 'none':
-            raise ConfigError(f'{type(self.model).__name__} has an MMCV train_step: it is called directly, bypassing '
-                              'the DDP/FSDP wrapper, so gradients would not be synchronised across ranks; '
-                              'run it single-process or give the model a forward that returns the losses')
+        if self._model_train_step:
+            check_train_step_model(self.model, self.world_size, strategy)
         self._batches_stay = self.device.type == 'cpu'  # loaders yield CPU tensors: nothing to move
         self.device_prefetch = device_prefetch
         # The model the step calls: the model itself, or its DDP/FSDP wrapper. Hooks that
         # need parameters or weights use ``trainer.model``.
         self.wrapped_model = wrap_model(self.model, strategy, self.device, find_unused_parameters)
         compile_model(self.model, compile_options(compile))  # in place: wrappers and keys unchanged
-        if is_sharded_model(self.wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError('strategy="fsdp" replaces the parameters with sharded ones: pass the optimizer '
-                              'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
-        self.profile_hooks = profile_hooks
-        self.hook_timings = {}  # (hook name, stage) -> [seconds, calls], with profile_hooks
+        check_sharded_optimizer(self.wrapped_model, optimizer)
         self.optimizer = build_optimizer(optimizer, self.model)
-        self._optimizer_cfg = optimizer if isinstance(optimizer, Mapping) else None  # a resume rebuilds its groups
-        self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', seed, self.rank, self.world_size)
-        self.val_dataloader = build_dataloader(val_dataloader, 'val_dataloader', seed, self.rank, self.world_size)
+        self.train_dataloader = build_dataloader(train_dataloader, 'train_dataloader', self.seed, self.rank,
+                                                 self.world_size)
+        self.val_dataloader = self.build_val_loader(val_dataloader)
         self.val_evaluator = build_evaluator(val_evaluator)
-        self._init_progress()
+        plan_run_length(self, self._given_iters_per_epoch)
 
         self.position = Position()  # the counters; what a checkpoint's meta stores
         self.step = StepState(self.position)  # what hooks tell each other about the current step
@@ -236,94 +148,27 @@ class Trainer(MMCVRunnerAttributes):
         self.metrics = {}  # the latest validation results (written by val() only)
         self.meters = MeterBuffer()
         self._losses = self.meters.bulk_series('loss')  # the step's scalar loss: one C call per iteration
-        self.exception = None
-        self.stop_reason = None
+        self.exception = self.stop_reason = None
 
-        self._hook_list = HookList()
-        self._dispatch = self._iteration_stages = None
-        self._set_up = {}  # id(hook) -> a weak reference to the hook whose setup() ran
+        self._init_dispatch(profile_hooks)
         self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
-        self._in_epoch = False  # the iteration stages are planned: other stages' calls ask again
         self._running = False
-        self._lock = WorkDirLock(self.work_dir)  # the local work dir (for a URL run: its local mirror)
         self.resumed_from = None  # the checkpoint this run continued from (public, for hooks)
-        self._checkpoint_writer = None  # the background writer of async saves, made on first use
+        # A resume with another optimizer config rebuilds its fresh groups from the config.
+        self.checkpointer = Checkpointer(self, optimizer if isinstance(optimizer, Mapping) else None)
         self.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
                                      momentum_config, timer_config, custom_hooks)
         if evaluation is not None:
             self._hook_list.register_evaluation(evaluation)
 
     # -- set-up ----------------------------------------------------------------------------
-    def _make_work_dir(self, work_dir):
-        if not isinstance(work_dir, (str, os.PathLike)):
-            raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
-        work_dir = os.fspath(work_dir)
-        if work_dir.startswith('file://'):  # a local directory: one lock, one spelling (its real path)
-            work_dir = work_dir[len('file://'):] or '/'
-        if storage.is_url(work_dir):
-            # Created when the run starts too (_claim_work_dir); the protocol is checked now.
-            storage.check_url(work_dir, 'work_dir')  # s3://b/x/../run is a key of its own, never s3://b/run
-            url, work_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
-            if self.rank == 0:
-                storage.filesystem(url)  # an unknown protocol fails here, in one line
-                check_can_create_dir(work_dir, 'local mirror of work_dir')
-            return url, work_dir
-        work_dir = os.path.abspath(work_dir)
-        if self.rank == 0:  # created when the run starts, so a failed build leaves nothing behind
-            check_can_create_dir(work_dir, 'work_dir')
-        return work_dir, work_dir
-
-    def _claim_work_dir(self):
-        """Rank 0: create the work dir and take its lock for the whole run (one run per dir)."""
-        if self.rank != 0:
-            return
-        ensure_writable_dir(self.work_dir, 'work_dir' if self.storage_dir == self.work_dir else
-                            'local mirror of work_dir')
-        self._lock.acquire()
-        if self.storage_dir != self.work_dir:  # a URL: not locked across machines (see docs/checkpoints.md)
-            try:
-                storage.makedirs(self.storage_dir)
-            except BaseException:
-                self._lock.release()
-                raise
-
-    def _init_progress(self):
-        loader = self.train_dataloader
-        if loader is None:
-            self.iters_per_epoch = 0
-            return
-        try:
-            length = len(loader)
-        except TypeError:  # a stream: its length is unknown
-            length = None
-        if length == 0:
-            raise DataError(f'train_dataloader is empty: {len(loader.dataset) if hasattr(loader, "dataset") else "?"} '
-                            f'samples give no batch (check batch_size and drop_last)')
-        self.iters_per_epoch = self._given_iters_per_epoch or length
-        if self.iters_per_epoch is None:
-            if self.by_epoch:
-                raise ConfigError(f'train_dataloader ({dataset_name(loader)}) has no length, so max_epochs cannot '
-                                  'tell where an epoch ends: train with max_iters=..., or give iters_per_epoch=...')
-            self.iters_per_epoch = self.max_iters
-        per_epoch = self._given_iters_per_epoch is None and length is not None  # one pass per epoch
-        prefetch = uses_prefetch(self.device, loader, self.device_prefetch)  # then to_device is a no-op
-        self.train_stream = TrainStream(loader, self.seed, self.rank, self.world_size, per_epoch, self.logger,
-                                        wrap_batches=(lambda batches: DevicePrefetcher(batches, self.device))
-                                        if prefetch else None)
-        if self.by_epoch:
-            self.max_iters = self.max_epochs * self.iters_per_epoch
-        else:
-            self.max_epochs = math.ceil(self.max_iters / self.iters_per_epoch)
-
     def set_train_dataloader(self, loader, max_epochs=None, max_iters=None):
         """Give a trainer built without one its training data and run length (MMCV's
         ``runner.run(data_loaders, workflow)`` passes the loaders late)."""
-        if (max_epochs is None) == (max_iters is None):
-            raise ConfigError(f'give exactly one of max_epochs and max_iters (got {max_epochs!r}, {max_iters!r})')
-        self.max_epochs, self.max_iters = _positive_int('max_epochs', max_epochs), _positive_int('max_iters', max_iters)
+        self.max_epochs, self.max_iters = check_run_length(max_epochs, max_iters)
         self.by_epoch = max_epochs is not None
         self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
-        self._init_progress()
+        plan_run_length(self, self._given_iters_per_epoch)
 
     def build_val_loader(self, loader):
         """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
@@ -354,104 +199,6 @@ class Trainer(MMCVRunnerAttributes):
     def train_outputs(self):
         return self.outputs
 
-    @property
-    def hooks(self):
-        """The registered hooks, by priority (ties in registration order)."""
-        return self._hook_list.hooks
-
-    # -- hooks -----------------------------------------------------------------------------
-    def register_hook(self, hook, priority=None):
-        """Register a Hook instance or a config dict (which may carry a ``priority`` key).
-
-        ``priority`` (a name such as ``'NORMAL'`` or an int 0..100) overrides the dict's
-        and the class's ``PRIORITY``. Lower values run first; ties run in registration order;
-        dependencies hook classes declare (``RUNS_AFTER``/``RUNS_BEFORE``) win over priorities.
-        A hook cannot be registered while ``train()`` runs (ConfigError): the hooks of a run
-        are fixed when it starts.
-        """
-        hook = self._hook_list.register(hook, priority)
-        self._dispatch = None
-        return hook
-
-    def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
-                                log_config=None, momentum_config=None, timer_config=None,
-                                custom_hooks_config=None):
-        """Register the standard hooks from their configs, with MMCV's priorities:
-        lr VERY_HIGH, momentum HIGH, optimizer ABOVE_NORMAL, checkpoint NORMAL, timer LOW,
-        loggers VERY_LOW; custom hooks NORMAL unless their dict says ``priority=...``."""
-        self._hook_list.register_training_hooks(lr_config, optimizer_config, checkpoint_config, log_config,
-                                                momentum_config, timer_config, custom_hooks_config)
-        self._dispatch = None
-
-    def resolve_hooks(self):
-        """Add default hooks for empty roles, build the stage -> methods dispatch table and
-        run ``setup`` of the hooks that have not been set up on this trainer yet."""
-        if self._dispatch is None:
-            # Several optimizers with a train_step model: the model steps them (MMCV's GAN contract).
-            model_steps = self._model_train_step and not isinstance(self.optimizer, torch.optim.Optimizer)
-            self._hook_list.add_defaults(self.optimizer is not None and not model_steps,
-                                         self.val_dataloader is not None)
-            table = self._hook_list.stage_table()
-            self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
-                                      for h in hooks]
-                              for stage, hooks in table.items()}
-            self._iteration_stages = iteration_stages(table, self._dispatch, self._call_each)
-        return self._hook_list.stage_table()
-
-    def _setup_hooks(self):
-        """``setup(trainer)`` once per hook and trainer, in the order of the setup stage."""
-        for hook, method in zip(self._hook_list.stage_table()[SETUP_STAGE], self._dispatch[SETUP_STAGE]):
-            if not self._was_set_up(hook):
-                try:
-                    self._set_up[id(hook)] = weakref.ref(hook)  # a new hook reusing a dead one's id: ref() is None
-                except TypeError:  # no weak references to it: hold the hook itself
-                    self._set_up[id(hook)] = lambda hook=hook: hook
-                method(self)
-
-    def _was_set_up(self, hook):
-        ref = self._set_up.get(id(hook))
-        return ref is not None and ref() is hook
-
-    def _timed(self, hook, stage):
-        """``hook``'s ``stage`` method, adding its run time to ``hook_timings``."""
-        method, timing = getattr(hook, stage), self.hook_timings.setdefault((hook.name, stage), [0.0, 0])
-        clock = time.perf_counter
-
-        def timed(*args):
-            start = clock()
-            try:
-                return method(*args)
-            finally:
-                timing[0] += clock() - start
-                timing[1] += 1
-        timed.__self__ = hook
-        return timed
-
-    def hook_order_table(self):
-        """The per-stage run order with priorities and declared dependencies."""
-        self.resolve_hooks()
-        return self._hook_list.format_table()
-
-    def call_hook(self, stage, *args):
-        """Call ``stage`` on every hook that implements it, in order."""
-        self._call_each(self._dispatch[stage], stage, *args)
-        if self._in_epoch:  # during an epoch (a validation, a save): what they did may move a schedule
-            for hook in self._hook_list.stage_table()[stage]:
-                self.replan(hook)
-
-    def _call_each(self, methods, stage, *args):
-        """Call each of ``methods`` (one stage's dispatch list); a user error gets a note that
-        names the hook and the stage."""
-        for method in methods:
-            try:
-                method(self, *args)
-            except Exception as exc:
-                self._note_hook_error(exc, method, stage)
-                raise
-
-    def _note_hook_error(self, exc, method, stage):
-        say_where(exc, f'{hook_name(method)}.{stage} at epoch {self.epoch + 1}, iteration {self.iter}')
-
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
@@ -460,25 +207,6 @@ class Trainer(MMCVRunnerAttributes):
     def outcome(self):
         """How this run ends (read-only, for hooks): :class:`~hookloop.engine.outcome.Outcome`."""
         return Outcome.of(self._started, self._running, self.stop_reason, self.exception)
-
-    def wake(self, hook):
-        """Call ``hook`` at its training-iteration stages in the next iteration, whatever its
-        :meth:`~hookloop.Hook.next_call` said (for work an event makes due, such as a new meter
-        summary); a wake between epochs: in the next epoch's first. Always the next, never the
-        current one, so a woken hook is called at the same iterations however the others are
-        scheduled. No effect outside ``train()`` or on hooks called every iteration."""
-        if self._iteration_stages is not None:
-            for stage in self._iteration_stages.values():
-                stage.wake(hook, self.position.iter + 1)
-
-    def replan(self, hook=None):
-        """Ask ``hook`` (None: every hook) again when its training-iteration stages are next
-        due (:meth:`~hookloop.Hook.next_call`): a hook calls this when something its schedule
-        depends on changed outside its own calls (another hook set its interval). No effect
-        outside an epoch: every epoch's start asks anyway."""
-        if self._in_epoch:
-            for stage in self._iteration_stages.values():
-                stage.replan(self, hook)
 
     # -- training --------------------------------------------------------------------------
     def train(self):
@@ -489,22 +217,14 @@ class Trainer(MMCVRunnerAttributes):
             raise ConfigError('train() needs an optimizer')
         self.resolve_hooks()
         check_before_run(self)
-        self._claim_work_dir()
-        try:
-            resume_path, resume_checkpoint = self._resume_target()
-            if resume_checkpoint is not None:  # a change the data cannot follow is refused before anything runs
-                resume_point = elastic_resume.plan(self, resume_checkpoint['meta'], resume_path)
-                resume_request.adopt_seed(self, resume_checkpoint['meta'])
+        self.workspace.claim()
+        try:  # a change the data cannot follow is refused before anything runs
+            resume_path, resume_checkpoint, resume_point = self.checkpointer.plan_resume()
         except BaseException:
-            self._lock.release()
+            self.workspace.release()
             raise
         if resume_checkpoint is not None and resume_point.iter >= self.max_iters:
-            try:  # the trainer holds the finished state (model, EMA, ...); nothing runs, nothing is written
-                self._setup_hooks()
-                self._restore(resume_path, resume_checkpoint)
-            finally:
-                self._lock.release()
-            self._say_complete(resume_point)
+            self.checkpointer.restore_finished(resume_path, resume_checkpoint, resume_point)
             return self.model
         start_log_file(self.logger)
         self.logger.info('hookloop run: seed %d, device %s, world size %d, work dir %s', self.seed, self.device,
@@ -519,7 +239,7 @@ class Trainer(MMCVRunnerAttributes):
                 self.load_weights(self.load_from)
             self._setup_hooks()
             if resume_path is not None:  # the trainer's job: before before_run, so every hook starts from it
-                self._restore(resume_path, resume_checkpoint)
+                self.checkpointer.restore(resume_path, resume_checkpoint)
                 run_start = (run_start[0], self.iter)
             self._started, self._resume_again = True, False
             self.call_hook('before_run')
@@ -531,73 +251,8 @@ class Trainer(MMCVRunnerAttributes):
         finally:
             self._running = self._in_epoch = False
             self._hook_list.frozen = None
-            self._finish_run(run_start)
+            finish_run(self, run_start)
         return self.model
-
-    def _finish_run(self, run_start):
-        """``after_run`` on every exit path; on an error path a failing hook is logged,
-        not raised, so the original error stays visible. Then the closing summary. A failed
-        background checkpoint write (``async_save``) fails the run here."""
-        try:
-            self._after_run(run_start)
-        finally:
-            self._lock.release()
-
-    def _after_run(self, run_start):
-        save_error = None
-        try:
-            self.wait_for_checkpoint()  # after_run and error paths see the last save on disk
-        except CheckpointError as exc:
-            save_error = exc
-            if self.exception is None:
-                self.exception = exc
-            else:
-                self.logger.error('%s (while handling %r)', exc, self.exception)
-        if self.exception is None:
-            # Every hook's after_run runs (loggers close) even when an earlier one fails.
-            failure = None
-            for method in self._dispatch['after_run']:
-                try:
-                    method(self)
-                except BaseException as exc:
-                    if failure is None:
-                        failure = exc
-                    else:
-                        self.logger.error('%s.after_run also failed: %r', hook_name(method), exc)
-            if failure is not None:
-                self.exception = failure
-                raise failure
-        else:
-            if self.world_size > 1:  # other ranks print errors too: say which rank failed first-hand
-                self.logger.error('rank %d of %d stopped by %r', self.rank, self.world_size, self.exception)
-            for method in self._dispatch['after_run']:
-                try:
-                    method(self)
-                except Exception as hook_error:  # keep the error that stopped training
-                    self.logger.error('%s.after_run failed while handling %r: %r',
-                                      hook_name(method), self.exception, hook_error)
-            # Leave the process group now: ranks waiting for this one in a collective see
-            # the connection close and fail at once instead of waiting for dist_timeout.
-            teardown()
-        if self.stop_reason is not None:
-            self.logger.info('training stopped at epoch %d, iteration %d: %s', self.epoch, self.iter, self.stop_reason)
-        from .run_summary import log_run_summary
-        log_run_summary(self, *run_start)
-        if self.profile_hooks:
-            from ..logging.profiling import report_hook_timings
-            report_hook_timings(self)
-        if self.rank == 0 and self.storage_dir != self.work_dir:
-            self._upload_logs()
-        if save_error is not None and self.exception is save_error:
-            raise save_error
-
-    def _upload_logs(self):
-        for handler in self.logger.handlers:
-            handler.flush()
-        try:
-            storage.upload_tree(self.work_dir, self.storage_dir)
-        except Exception as exc:  # the run's outcome stands; the logs stay in the local mirror
-            self.logger.error('could not copy the logs in %s to %s: %r', self.work_dir, self.storage_dir, exc)
 
     def _train_epoch(self):
         stream = self.train_stream
@@ -751,240 +406,34 @@ class Trainer(MMCVRunnerAttributes):
         self.mode = 'train'
         return self.metrics
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- checkpoints: the Checkpointer's (hookloop/engine/checkpointer.py) -----------------------
     def state_dict(self, save_optimizer=True, save_frozen=True):
-        """Everything exact resume needs, as tensors and plain containers. With
-        ``save_frozen=False`` the weights are only the trained ones (``hookloop.checkpoint.trained_state``)."""
-        checkpoint = {
-            'meta': {**self.position.state_dict(), 'seed': self.seed,
-                     **elastic_resume.position_meta(self, self.position.resume_point()[2]),
-                     'hookloop_version': __version__, 'torch_version': str(torch.__version__),
-                     'world_size': self.world_size, 'iters_per_epoch': self.iters_per_epoch,
-                     'time': time.strftime('%Y-%m-%d %H:%M:%S'),
-                     'config': plain(self.cfg) if self.cfg is not None else None,
-                     **plain(model_meta(self.model))},
-            'state_dict': self.model.state_dict(),
-            'hooks': {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')},
-            'rng': get_rng_state(),
-        }
-        if self.train_dataloader is not None:  # the data position, taken with the weights
-            checkpoint['data'] = self.train_stream.state_dict()
-        if save_optimizer and self.optimizer is not None:
-            checkpoint['optimizer'] = self.optimizer.state_dict()
-        if not save_frozen:
-            checkpoint['state_dict'] = trained_state_dict(self.model)
-            checkpoint['meta']['frozen'] = frozen_meta(self.model)
-        return checkpoint
+        """Everything exact resume needs (:meth:`Checkpointer.state_dict`)."""
+        return self.checkpointer.state_dict(save_optimizer, save_frozen)
 
     def build_checkpoint(self, save_optimizer=True, save_frozen=True):
-        """The checkpoint dict: :meth:`state_dict` plus the entries hooks add in
-        ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
-        (a hook may all-reduce there). ``save_frozen=False``: only the trained weights."""
-        checkpoint = self.state_dict(save_optimizer, save_frozen)
-        self.resolve_hooks()
-        self.call_hook('before_save_checkpoint', checkpoint)
-        return checkpoint
+        """:meth:`state_dict` plus what hooks add in ``before_save_checkpoint`` (:meth:`Checkpointer.build`)."""
+        return self.checkpointer.build(save_optimizer, save_frozen)
 
     def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
-        """Write ``checkpoint`` (from :meth:`build_checkpoint`) atomically to ``path`` (absolute,
-        or relative to the work dir; a local path or an fsspec URL); with ``update_last`` move
-        the ``last_checkpoint`` pointer.
-
-        ``asynchronous=True`` copies the state to CPU memory and writes it on a background
-        thread (``hookloop/checkpoint/async_writer.py``); a write always waits for the one in flight
-        first, so the staging copy is free and the pointer moves in save order.
-
-        A state that is not finite is refused first (``hookloop/checkpoint/finite_state.py``): nothing is
-        written. ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
-        at once for a synchronous save, at the next wait for an asynchronous one, never
-        when the write failed."""
-        path = storage.join(self.storage_dir, path)
-        check_finite_state(checkpoint, path, scaled_grads=self.step.loss_scaling)
-        self.wait_for_checkpoint()
-        if asynchronous and self._checkpoint_writer is None:
-            self._checkpoint_writer = AsyncCheckpointWriter()
-        if is_sharded_model(self.wrapped_model):  # every rank writes its shards (dcp.async_save if asked)
-            save_sharded(checkpoint, path, self.model, self.optimizer, self.rank,
-                         self.storage_dir if update_last else None, self._checkpoint_writer if asynchronous else None)
-            if asynchronous:
-                self._checkpoint_writer.defer(on_disk)
-                return path
-        elif self.rank == 0:
-            self._lock.check()  # the lock file deleted or replaced: another run may own the dir now
-            storage.makedirs(storage.dirname(path))
-            pointer_dir = self.storage_dir if update_last else None
-            if asynchronous:
-                writer = self._checkpoint_writer
-                writer.submit(write_checkpoint_file, writer.stage(checkpoint), path, pointer_dir, on_disk=on_disk)
-                return path
-            write_checkpoint_file(checkpoint, path, pointer_dir)
-        if on_disk is not None:
-            on_disk()
-        return path
+        """Write ``checkpoint`` atomically to ``path``; returns the path (:meth:`Checkpointer.write`)."""
+        return self.checkpointer.write(checkpoint, path, update_last, asynchronous, on_disk)
 
     def save_checkpoint(self, path, save_optimizer=True, update_last=True, asynchronous=False, on_disk=None):
-        """Build and write a checkpoint; returns its path (see :meth:`write_checkpoint`)."""
-        self.wait_for_checkpoint()  # hooks' state must not change under a write in flight
-        return self.write_checkpoint(self.build_checkpoint(save_optimizer), path, update_last, asynchronous,
-                                     on_disk)
+        """Build and write a checkpoint; returns its path (:meth:`Checkpointer.save`)."""
+        return self.checkpointer.save(path, save_optimizer, update_last, asynchronous, on_disk)
 
     def wait_for_checkpoint(self):
-        """Wait until a background checkpoint write (``async_save``) is on disk; a
-        CheckpointError if it failed."""
-        if self._checkpoint_writer is not None:
-            self._checkpoint_writer.wait()
-
-    def _checkpoint_dirs(self):
-        """Directories other than the work dir where this run's checkpoint hooks save."""
-        dirs = []
-        for hook in self.hooks:
-            out_dir = getattr(hook, 'out_dir', None) if role_of(hook) == 'checkpoint' else None
-            if isinstance(out_dir, (str, os.PathLike)):
-                dirs.append(storage.join(self.storage_dir, os.fspath(out_dir)))
-        return dirs
-
-    def _resume_target(self):
-        """``(path, checkpoint)`` this run continues from, or ``(None, None)`` for a new run.
-
-        ``resume_from=PATH``: that checkpoint, verified (a damaged one is one clear error).
-        ``'auto'``: the newest checkpoint of the work dir that loads and verifies; damaged
-        ones are skipped (logged) and renamed aside (``<name>.damaged``). Only the first ``train()``
-        of a trainer (or one after :meth:`resume`) resumes: a later one continues from where it stopped."""
-        if self._started and not self._resume_again:
-            return None, None
-        path = self.resume_from
-        if path is None and not self.auto_resume:
-            path = resume_request.asked_by_hooks(self)
-        if path == 'auto' or (path is None and self.auto_resume):
-            found = find_resumable(self.storage_dir, self._checkpoint_dirs(), self.iters_per_epoch, self.logger,
-                                   map_location=self.device, rename_damaged=self.rank == 0)
-            if found is None:
-                self.logger.info('no checkpoint in %s: starting a new run', self.storage_dir)
-                return None, None
-            return found
-        if path is None:
-            return None, None
-        return path, check_resumable(path, load_verified(path, map_location=self.device))
-
-    def _say_complete(self, point):
-        """Log that the checkpoint resumed from already ends the planned run."""
-        epochs_done = math.ceil(point.iter / self.iters_per_epoch)  # the last one may end mid-loader
-        self.logger.info('already complete at epoch %d / iteration %d (max_%s=%d): nothing to do',
-                         epochs_done, point.iter, 'epochs' if self.by_epoch else 'iters',
-                         self.max_epochs if self.by_epoch else self.max_iters)
+        """Wait until a background checkpoint write is on disk (:meth:`Checkpointer.wait`)."""
+        self.checkpointer.wait()
 
     def resume(self, path):
-        """Continue from the checkpoint at ``path``. Before ``train()`` (MMCV's
-        ``runner.resume(path)`` then ``run()``) the state is restored when the run starts,
-        after ``setup`` and before ``before_run``, so what hooks build in ``setup`` (EMA
-        averages) gets its saved state back. During a run it is restored at once (kept for old
-        code; a hook asks for a resume with a ``resume_from`` attribute instead, docs/hooks.md)."""
-        if not (storage.isfile(path) or is_sharded_checkpoint(path)):
-            raise CheckpointError(f'checkpoint {path!r} does not exist or is not a file')
-        if self._running:
-            return self._restore(path)
-        self.resume_from, self.load_from, self._resume_again = path, None, True
-        return None
-
-    def _restore(self, path, checkpoint=None):
-        """Restore model, optimizer, counters, hook states and RNG from a checkpoint
-        (``checkpoint``: its dict, when the caller has loaded and verified it already)."""
-        if is_sharded_checkpoint(path):  # FSDP: model and optimizer shards load in place
-            hook_states = {hook.name: hook.state_dict() for hook in self.hooks if hasattr(hook, 'state_dict')}
-            checkpoint = load_sharded(path, self.model, self.optimizer, hook_states)
-        else:
-            if checkpoint is None:
-                checkpoint = load_verified(path, map_location=self.device)
-            check_resumable(path, checkpoint)
-            point = elastic_resume.plan(self, checkpoint['meta'], path)  # may refuse, before anything is loaded
-            try:
-                frozen = checkpoint['meta'].get('frozen')
-                if frozen is not None and not frozen.get('saved', True):
-                    load_trained_state(self.model, checkpoint['state_dict'], frozen, path)
-                else:
-                    self.model.load_state_dict(checkpoint['state_dict'])
-                if 'optimizer' in checkpoint and self.optimizer is not None:
-                    check_optimizer_fits(self.optimizer, checkpoint['optimizer'], path)
-                    self.optimizer.load_state_dict(checkpoint['optimizer'])
-            except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])
-                raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
-        meta = checkpoint['meta']
-        if is_sharded_checkpoint(path):
-            point = elastic_resume.plan(self, meta, path)
-        changes = self._config_changes(meta, point.iter)
-        if changes and self.optimizer is not None:
-            for line in apply_optimizer_changes(self.optimizer, changes, self._fresh_param_groups, set_value):
-                self.logger.warning('%s', line)
-        if meta.get('world_size', self.world_size) != self.world_size and not point.note:
-            self.logger.warning('%s was saved with world_size %s, now %s: the data order after resume differs '
-                                'from the original run', path, meta['world_size'], self.world_size)
-        self.position.load_state_dict(meta)
-        elastic_resume.apply(self, point)
-        if point.note:
-            self.logger.warning('%s', point.note)
-        resume_request.adopt_seed(self, meta)
-        if self.train_dataloader is not None:
-            self.train_stream.seed = self.seed
-            data = checkpoint.get('data')
-            if point.note and point.inner_iter == 0 and self.train_stream.per_epoch:
-                data = None  # an epoch started afresh in another shape: the saved loader state is not needed
-            self.train_stream.load_state_dict(data, self.epoch, self.inner_iter)
-            elastic_resume.apply(self, point)  # the sampler's split, once the stream is at the epoch
-        saved_states = checkpoint.get('hooks', {})
-        for hook in self.hooks:
-            if hook.name in saved_states and hasattr(hook, 'load_state_dict'):
-                hook.load_state_dict(saved_states[hook.name])
-        if 'rng' in checkpoint:
-            try:
-                set_rng_state(checkpoint['rng'])
-            except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
-                raise CheckpointError(f'{path!r} is damaged: its "rng" entry cannot be restored '
-                                      f'({type(exc).__name__}: {exc})') from None
-        else:
-            self.logger.warning('%s has no "rng" entry (random generator states): the resumed run continues with '
-                                'fresh random numbers, so it will not repeat an uninterrupted run exactly', path)
-        self.resumed_from = storage.normalize(path)
-        self.call_hook('after_load_checkpoint', checkpoint)
-        self.replan()  # a resume during an epoch moves every schedule
-        self.logger.info('resumed from %s at epoch %d, iteration %d (inner %d)', path, self.epoch, self.iter,
-                         self.inner_iter)
-        return checkpoint
-
-    def _fresh_param_groups(self):
-        """The param groups a fresh run builds from the optimizer config (None: built by the user)."""
-        if self._optimizer_cfg is None:
-            return None
-        return build_optimizer(self._optimizer_cfg, self.model).param_groups
-
-    def _config_changes(self, meta, iteration):
-        """Log, in one block, how the current config differs from the checkpoint's."""
-        saved, current = meta.get('config'), plain(self.cfg) if self.cfg is not None else None
-        if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
-            return []
-        changes = config_differences(saved, current)
-        if changes:
-            self.logger.warning('%s', describe(changes, iteration, meta.get('seed')))
-        return changes
+        """Continue from the checkpoint at ``path`` (:meth:`Checkpointer.resume`)."""
+        return self.checkpointer.resume(path)
 
     def load_weights(self, path, strict=True, revise_keys=None):
-        """Initialise the model from a checkpoint's weights only (a fresh schedule).
-        ``revise_keys=[(regex, replacement), ...]`` renames the saved keys first (MMCV's
-        ``load_checkpoint``, e.g. ``[(r'^module\\.', '')]``); default: the trainer's ``revise_keys``."""
-        checkpoint = load_checkpoint(path, map_location=self.device)
-        state = revise_state_keys(checkpoint.get('state_dict', checkpoint),
-                                  self.revise_keys if revise_keys is None else revise_keys)
-        frozen = checkpoint.get('meta', {}).get('frozen') if isinstance(checkpoint.get('meta'), dict) else None
-        if frozen is not None and not frozen.get('saved', True):  # saved with save_frozen=False
-            load_trained_state(self.model, state, frozen, path)
-            self.logger.info('loaded the trained weights from %s', path)
-            return checkpoint
-        try:
-            self.model.load_state_dict(state, strict=strict)
-        except RuntimeError as exc:
-            raise CheckpointError(f'weights in {path!r} do not fit the model: {str(exc).splitlines()[0]}') from None
-        self.logger.info('loaded weights from %s', path)
-        return checkpoint
+        """Initialise the model from a checkpoint's weights only (:meth:`Checkpointer.load_weights`)."""
+        return self.checkpointer.load_weights(path, strict, revise_keys)
 
     def close(self):
         """Release the log files and the work dir's lock (the trainer cannot log afterwards),
@@ -994,63 +443,8 @@ class Trainer(MMCVRunnerAttributes):
         try:
             self.wait_for_checkpoint()
         finally:
-            self._lock.release()
+            self.workspace.release()
         close_logger(self.logger)
 
 
-def check_resumable(path, checkpoint):
-    """``checkpoint`` if it has what a resume reads, else a CheckpointError naming ``path``."""
-    sharded = is_sharded_checkpoint(path)
-    for key in ('meta',) if sharded else ('meta', 'state_dict'):
-        if key not in checkpoint:
-            raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
-    meta = checkpoint['meta']
-    if not isinstance(meta, Mapping) or not all(
-            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in ('epoch', 'iter', 'inner_iter')):
-        raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
-    return checkpoint
-
-
-def say_where(exc, where):
-    """Note on a user-code error where hookloop was when it happened (the innermost place
-    wins). ``hookloop train`` prints it as the first line, above the traceback."""
-    if isinstance(exc, HookloopError):  # already one clear line
-        return
-    if not any(note.startswith('hookloop: raised while ') for note in getattr(exc, '__notes__', ())):
-        exc.add_note(f'hookloop: raised while {where}' if where.startswith('loading') else
-                     f'hookloop: raised while running {where}')
-
-
-def hook_name(method):
-    hook = getattr(method, '__self__', None)
-    return getattr(hook, 'name', type(hook).__name__) if hook is not None else getattr(method, '__name__', '?')
-
-
-def build_trainer(name='default', default_args=None):
-    """Build a registered trainer: ``build_trainer(name='default', default_args=dict(...))``.
-
-    For the Trainer (and its subclasses) other engines' configs are translated first: a
-    ModelScope ``configuration.json`` (or ``default_args=dict(cfg_file=..., cfg_modify_fn=...)``,
-    :mod:`hookloop.compat.modelscope`) and MMCV 1.x keys (``runner``, ``data``, ``workflow``,
-    ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
-    at start, likely typos are errors.
-    """
-    args = dict(default_args or {})
-    target = TRAINERS.get(name) if isinstance(name, str) else name
-    notes = []
-    if isinstance(target, type) and issubclass(target, Trainer):
-        from ..compat import modelscope
-        from ..compat.mmcv_config import is_mmcv_config, translate
-        if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
-            args = modelscope.trainer_args(args)
-        elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
-            # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
-            args = modelscope.translate(args)
-        args, notes = translate(args, target)
-    trainer = TRAINERS.build(dict(type=target, **args))
-    for note in notes:
-        trainer.logger.info(note)
-    return trainer
-
-
-__all__ = ['Trainer', 'build_trainer', 'STAGES']
+__all__ = ['Trainer', 'STAGES']

@@ -43,8 +43,8 @@ from ...optim.constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUC
 from ...priority import Priority, get_priority
 from ...registry import HOOKS, OPTIMIZERS, Registry
 from ...optim.schedules import annealing_cos, annealing_linear
-from ...engine.trainer import plain
-from ..mmcv_runner import model_meta, revise_state_keys
+from ...engine.checkpointer import plain
+from ...engine.runner_names import model_meta, revise_state_keys
 from .eval_hook import DistEvalHook, EvalHook
 from .runner import (LATEST_LINK, RUNNERS, BaseRunner, EpochBasedRunner, IterBasedRunner, build_runner,  # noqa: F401
                      is_module_wrapper, link_latest)

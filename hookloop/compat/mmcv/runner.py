@@ -11,7 +11,8 @@ from torch.nn.parallel import DataParallel, DistributedDataParallel
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import EvaluationHook
 from ...registry import Registry
-from ...engine.trainer import Trainer, plain
+from ...engine.checkpointer import plain
+from ...engine.trainer import Trainer
 from ..log_vars_evaluator import LogVarsEvaluator
 from ..mmcv_config import iter_based_defaults
 

@@ -1,4 +1,6 @@
-"""The MMCV runner attributes hooks written for MMCV read on the object they receive.
+"""The MMCV names the trainer answers to: the runner attributes hooks written for MMCV read
+on the object they receive, the checkpoint helpers MMCV code calls, and the MMCV 1.x config
+keys a Trainer refuses (``build_trainer`` translates them, :mod:`hookloop.compat.mmcv_config`).
 
 :class:`MMCVRunnerAttributes` is a base of :class:`~hookloop.Trainer`, so a hook ported
 from MMCV (mmdet's ``NumClassCheckHook`` reads ``runner.data_loader``; others read
@@ -7,6 +9,18 @@ of the trainer's state: ``data_loader`` is the loader of the current mode, ``log
 writes into and reads from ``trainer.meters``; nothing here runs per iteration.
 """
 from collections import OrderedDict
+from collections.abc import Mapping
+
+from ..errors import ConfigError
+from ..registry import closest_names
+
+# MMCV 1.x config keys that only a translation turns into Trainer arguments (they never reach it).
+MMCV_KEYS = ('runner', 'total_epochs', 'total_iters', 'optimizers', 'workflow', 'dist_params', 'gpu_ids',
+             'opencv_num_threads',
+             'mp_start_method', 'cudnn_benchmark', 'auto_scale_lr', 'fp16', 'data', 'train_cfg', 'test_cfg')
+# The keys of an ``evaluation`` dict that are EvaluationHook's; others are MMCV's dataset options.
+EVAL_HOOK_KEYS = ('interval', 'by_epoch', 'start', 'save_best', 'rule', 'type', 'priority', 'greater_keys',
+                  'less_keys', 'dynamic_intervals')
 
 
 class LogBuffer:
@@ -155,3 +169,30 @@ def model_meta(model):
     (mmdet's ``model.CLASSES``, read back by ``init_detector``)."""
     classes = getattr(getattr(model, 'module', model), 'CLASSES', None)
     return {} if classes is None else {'CLASSES': classes}
+
+
+def needs_translation(cfg):
+    """True when ``cfg`` holds an MMCV key, ``custom_imports`` as a dict or dataset options in ``evaluation``."""
+    evaluation = cfg.get('evaluation')
+    return any(key in cfg for key in MMCV_KEYS) or isinstance(cfg.get('custom_imports'), Mapping) or (
+        isinstance(evaluation, Mapping) and bool(set(evaluation) - set(EVAL_HOOK_KEYS)))
+
+
+def refuse_untranslated(arguments, unknown, known):
+    """The ConfigError for ``Trainer(...)`` given MMCV 1.x config (``arguments`` that need a
+    translation) or names it does not take (``unknown``; ``known``: the names it takes), all
+    problems in one error. Config files go through ``build_trainer``, which translates them."""
+    mmcv = [name for name in unknown if name in MMCV_KEYS]
+    problems = []
+    if mmcv or needs_translation({key: arguments[key] for key in ('custom_imports', 'evaluation') if key in arguments}):
+        shown = ', '.join(f'{name}=' for name in mmcv) or 'custom_imports=dict(...) or evaluation=dict(metric=...)'
+        problems.append(f'{shown}: MMCV 1.x config, which Trainer() does not translate; build the trainer with '
+                        'hookloop.build_trainer(default_args=cfg), which translates it (docs/migration.md)')
+    for name in unknown:
+        if name not in MMCV_KEYS:
+            hint = closest_names(name, list(known) + list(MMCV_KEYS), n=1)
+            problems.append(f'Trainer got an unexpected argument {name!r}' +
+                            (f'; did you mean {hint[0]!r}?' if hint else ''))
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f'Trainer() got {len(problems)} problems:\n  - ' + '\n  - '.join(problems))

@@ -1,0 +1,88 @@
+"""The work dir of a run: where its checkpoints go, where its log files are written, its lock.
+
+``storage_dir`` is where checkpoints and the ``last_checkpoint`` pointer go (a local path or
+an fsspec URL); ``local_dir`` is a local directory for files written with ``open()`` (logs,
+event files): the same path unless ``storage_dir`` is a URL, then a local mirror whose files
+:meth:`WorkDir.upload_logs` copies there at the end. Nothing is created when the trainer is
+built (a failed build leaves nothing behind): rank 0 creates the directory and takes its
+lock (:mod:`hookloop.fileio.work_dir_lock`) when a run starts, and releases it when it ends.
+"""
+import os
+
+from ..errors import ConfigError
+from . import storage
+from .paths import check_can_create_dir, ensure_writable_dir
+from .work_dir_lock import WorkDirLock
+
+
+class WorkDir:
+    """``WorkDir(work_dir, rank)``: checks that rank 0 can create ``work_dir`` (a path or an
+    fsspec URL; ``file://`` is a local path) and knows where its parts go; creates nothing."""
+
+    def __init__(self, work_dir, rank=0):
+        if not isinstance(work_dir, (str, os.PathLike)):
+            raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
+        self.rank = rank
+        work_dir = os.fspath(work_dir)
+        if work_dir.startswith('file://'):  # a local directory: one lock, one spelling (its real path)
+            work_dir = work_dir[len('file://'):] or '/'
+        if storage.is_url(work_dir):
+            # Created when the run starts too (claim); the protocol is checked now.
+            storage.check_url(work_dir, 'work_dir')  # s3://b/x/../run is a key of its own, never s3://b/run
+            self.storage_dir, self.local_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
+            if rank == 0:
+                storage.filesystem(self.storage_dir)  # an unknown protocol fails here, in one line
+                check_can_create_dir(self.local_dir, 'local mirror of work_dir')
+        else:
+            self.storage_dir = self.local_dir = os.path.abspath(work_dir)
+            if rank == 0:  # created when the run starts, so a failed build leaves nothing behind
+                check_can_create_dir(self.local_dir, 'work_dir')
+        self._lock = WorkDirLock(self.local_dir)  # the local dir (for a URL run: its local mirror)
+
+    @property
+    def mirrored(self):
+        """True when ``storage_dir`` is a URL and ``local_dir`` its local mirror."""
+        return self.storage_dir != self.local_dir
+
+    def claim(self):
+        """Rank 0: create the work dir and take its lock for the whole run (one run per dir;
+        a ConfigError naming the holder when another run has it). Other ranks: nothing."""
+        if self.rank != 0:
+            return
+        ensure_writable_dir(self.local_dir, 'local mirror of work_dir' if self.mirrored else 'work_dir')
+        self._lock.acquire()
+        if self.mirrored:  # a URL: not locked across machines (see docs/checkpoints.md)
+            try:
+                storage.makedirs(self.storage_dir)
+            except BaseException:
+                self._lock.release()
+                raise
+
+    def release(self):
+        """Release the lock (no effect when it is not held)."""
+        self._lock.release()
+
+    def check_lock(self):
+        """A ConfigError when the lock file held was deleted or replaced (another run may own
+        the dir now); called before each checkpoint write."""
+        self._lock.check()
+
+    def join(self, path):
+        """``path`` (absolute, or relative to ``storage_dir``; a local path or a URL) as written to."""
+        return storage.join(self.storage_dir, path)
+
+    def upload_logs(self, logger):
+        """For a URL work dir: flush ``logger``'s files and copy the local mirror to
+        ``storage_dir``. A failed copy is logged, not raised (the run's outcome stands; the
+        logs stay in the local mirror)."""
+        if not self.mirrored:
+            return
+        for handler in logger.handlers:
+            handler.flush()
+        try:
+            storage.upload_tree(self.local_dir, self.storage_dir)
+        except Exception as exc:
+            logger.error('could not copy the logs in %s to %s: %r', self.local_dir, self.storage_dir, exc)
+
+
+__all__ = ['WorkDir']
