@@ -18,11 +18,6 @@ def json_log_path(trainer):
 _JSON = json.JSONEncoder(default=float)  # what json.dumps(record, default=float) builds at every call
 
 
-def append_json(path, record):
-    with open(path, 'a', encoding='utf-8') as f:
-        f.write(_JSON.encode(record) + '\n')
-
-
 @HOOKS.register_module()
 class TextLoggerHook(LoggerHook):
     """Logs the meters every ``interval`` iterations to the terminal in MMCV's shape::
