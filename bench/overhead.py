@@ -35,6 +35,7 @@ stalls (a 5 ms stall of a shared machine in one gap of 2000 moves a plain mean b
     python bench/overhead.py --models tiny --modes default50,accum2_50,tensorboard50 --rounds 5
 """
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -84,6 +85,7 @@ PLAIN_MODE = {'accum2_50': 'accum2', 'fp16_50': 'fp16'}  # the plain loop each h
 # fall in two clusters and their median says little; a window's gap (divided by its size) does.
 PERIOD = {'accum2': 2, 'accum2_50': 2}
 clock = time.perf_counter
+LOG_LEVEL = 'INFO'  # --log-level
 
 
 class Loss(nn.Module):
@@ -203,15 +205,20 @@ def one_round(mode, build, initial, data, batch, block, skip):
         model.stamps = []
         models.append(model)
     loader = lambda: DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)  # noqa: E731
-    trainer = Trainer(models[1], optimizer=torch.optim.SGD(models[1].parameters(), lr=0.01, momentum=0.9),
-                      train_dataloader=loader(), max_epochs=1, work_dir=tempfile.mkdtemp(prefix='hookloop-bench-'),
-                      seed=0, device='cpu', log_level='WARNING', **MODES[mode])
-    with warnings.catch_warnings():  # loggers run after every other hook: this one comes before them
-        warnings.simplefilter('ignore', HookOrderWarning)
-        trainer.register_hook(Interleave(PlainLoop(mode, models[0], loader()), models[1], block), priority='LOWEST')
-        trainer.resolve_hooks()  # the defaults (loggers among them) join here
-    trainer.train()
-    trainer.close()
+    # At INFO (the default a user gets) the terminal lines are written as for a user, to /dev/null
+    # here: the run's stream handler keeps the stdout it was built with.
+    with open(os.devnull, 'w') as terminal, contextlib.redirect_stdout(terminal):
+        trainer = Trainer(models[1], optimizer=torch.optim.SGD(models[1].parameters(), lr=0.01, momentum=0.9),
+                          train_dataloader=loader(), max_epochs=1,
+                          work_dir=tempfile.mkdtemp(prefix='hookloop-bench-'), seed=0, device='cpu',
+                          log_level=LOG_LEVEL, **MODES[mode])
+        with warnings.catch_warnings():  # loggers run after every other hook: this one comes before them
+            warnings.simplefilter('ignore', HookOrderWarning)
+            trainer.register_hook(Interleave(PlainLoop(mode, models[0], loader()), models[1], block),
+                                  priority='LOWEST')
+            trainer.resolve_hooks()  # the defaults (loggers among them) join here
+        trainer.train()
+        trainer.close()
     period = PERIOD.get(mode, 1)
     indices = []
     plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period, indices)
@@ -241,7 +248,7 @@ def run(model_name, mode, rounds, iters, block):
 
 
 def main():
-    global clock
+    global clock, LOG_LEVEL
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', default='tiny,mlp')
     parser.add_argument('--modes', default='default', help=f'comma-separated, from {", ".join(MODES)}')
@@ -252,10 +259,12 @@ def main():
     # (with 25 every event of a 50-interval log fell on a switch and the mean never saw one)
     parser.add_argument('--block', type=int, default=23, help='iterations of one loop before switching to the other')
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--log-level', default='INFO', help="the run's log level (INFO: the default, lines to /dev/null)")
     parser.add_argument('--clock', choices=('wall', 'thread'), default='wall')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == 'thread' else time.perf_counter
+    LOG_LEVEL = args.log_level
     for name in args.models.split(','):
         for mode in args.modes.split(','):
             mode = ALIASES.get(mode, mode)

@@ -128,3 +128,16 @@ def test_each_json_record_is_on_disk_when_it_is_logged(tmp_path):
     trainer.register_hook(ReadLog())
     run(trainer)
     assert seen == [[5, 10], [5, 10, 15, 20]]
+
+
+def test_below_info_no_line_is_formatted_but_json_and_eta_go_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(TextLoggerHook, '_format_train', lambda *a: pytest.fail('a line nobody would see'))
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5, log_level='WARNING')
+    run(trainer)
+    hook = next(h for h in trainer.hooks if isinstance(h, TextLoggerHook))
+    records = json_records(tmp_path, 'train')
+    assert [r['iter'] for r in records] == [5, 10, 15, 20]
+    # the ETA's sum of logged times is kept, so a later INFO line's ETA is right
+    assert hook._time_sum == pytest.approx(sum(r['time'] * 5 for r in records))
+    text = open(next(p for p in tmp_path.iterdir() if p.name.endswith('.log'))).read()
+    assert 'Epoch [' not in text

@@ -1,6 +1,7 @@
 """TextLoggerHook: the terminal line and the JSON-lines log of a run."""
 import datetime
 import json
+import logging
 import os
 import shutil
 import time
@@ -68,17 +69,24 @@ class TextLoggerHook(LoggerHook):
             self._start_iter = self._last_iter = trainer.iter
 
     def log(self, trainer, record):
+        # Below INFO (the benchmarks' level, a quiet run's) logger.info would reach no handler:
+        # the line is not formatted at all.
+        shown = trainer.logger.isEnabledFor(logging.INFO)
         if record['mode'] == 'train':
             n = self.interval_exp_name
             if n and record['iter'] // n > self._last_iter // n:  # crossed a multiple of n
                 trainer.logger.info('Exp name: %s', self.exp_name)
-            line = self._format_train(trainer, record)
+            if shown:
+                line = self._format_train(trainer, record)
+            else:
+                self.eta_seconds(trainer, record)  # it keeps the sum of logged times the ETA needs later
             self._last_iter = record['iter']
-        else:
+        elif shown:
             items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
             where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
             line = f'{where}  {items}'
-        info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
+        if shown:
+            info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
         self._write_json(record)
 
     def log_profile(self, trainer, record):
