@@ -96,7 +96,7 @@ class LoggerHook(Hook):
     ROLE = 'logger'
     RUNS_AFTER = ('*',)  # loggers see everything the other hooks produced
     # Called only at log events, which next_call names: a subclass may override them and keep the schedule.
-    NEXT_CALL_COVERS = ('open', 'close', 'log', 'log_images', 'write_images', 'accepts_images', 'train_record',
+    NEXT_CALL_COVERS = ('open', 'close', 'log', 'log_images', 'accepts_images', 'train_record',
                         'log_profile')
 
     def __init__(self, interval=10, ignore_last=True, by_epoch=True):
@@ -204,11 +204,6 @@ class LoggerHook(Hook):
         """The image channel's declaration (see :mod:`hookloop.logging.images`): open, and the
         class implements ``log_images``."""
         return self._opened and type(self).log_images is not LoggerHook.log_images
-
-    def write_images(self, trainer, tag, images, step):
-        """Write ``images`` now if this logger accepts them (the channel's call, for one logger)."""
-        if self.accepts_images(trainer):
-            self.log_images(trainer, tag, images, step)
 
     # -- the destination ------------------------------------------------------------------
     def open(self, trainer):
