@@ -33,8 +33,7 @@ from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
 from ..optim.accumulation import accumulation_window
-from ..optim.step_options import check_cumulative_iters, check_grad_clip, total_loss
-from ..optim.step_options import optimized_params as _optimized_params  # the processor's lines keep their name
+from ..optim.step_options import check_cumulative_iters, check_grad_clip, optimized_params, total_loss
 from ..optim.scale_book import ScaleBook
 from .base import NEVER, Hook
 from .blind_spots import schedule_blind_spots
@@ -178,7 +177,7 @@ class OptimizerProcessor:
         if grad_clip is not None:
             if scaler is not None:
                 scaler.unscale_(optimizer)  # clip the true gradients
-            params = [p for p in _optimized_params(optimizer) if p.grad is not None]
+            params = [p for p in optimized_params(optimizer) if p.grad is not None]
             if 'clip_value' in grad_clip:
                 torch.nn.utils.clip_grad_value_(params, grad_clip['clip_value'])
             elif params:
@@ -243,7 +242,7 @@ class OptimizerProcessor:
         if self._skip_window:
             state['skip_window'] = True
         if self.optimizer is not None:
-            grads = [p.grad for p in _optimized_params(self.optimizer)]
+            grads = [p.grad for p in optimized_params(self.optimizer)]
             if any(g is not None for g in grads):
                 # cloned: the next backward adds into .grad in place
                 state['grads'] = [None if g is None else g.detach().clone() for g in grads]
@@ -278,7 +277,7 @@ class OptimizerProcessor:
         grads = state.get('grads')
         if grads is None:
             return
-        params = _optimized_params(self.optimizer)
+        params = optimized_params(self.optimizer)
         if len(grads) != len(params):
             raise CheckpointError(f'the checkpoint holds accumulated gradients for {len(grads)} parameters, '
                                   f'the optimizer has {len(params)}')
