@@ -18,18 +18,18 @@ from ..checkpoint.finite_state import check_finite_state
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..checkpoint.restore_checks import check_optimizer_fits
-from ..checkpoint.rng import get_rng_state, set_rng_state
-from .preflight import checkpoint_dirs
-from ..optim.param_groups import set_value  # the param groups' one writer (a resume's config changes)
 from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
 from ..checkpoint.resume_search import find_resumable, load_verified
+from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..checkpoint.sharded_files import is_sharded_checkpoint
 from ..checkpoint.trained_state import frozen_meta, load_trained_state, trained_state_dict
 from ..dist.fsdp import is_sharded_model, load_sharded, save_sharded
 from ..errors import CheckpointError
 from ..fileio import storage
+from ..optim.param_groups import set_value  # the param groups' one writer (a resume's config changes)
 from . import elastic_resume, resume_request
 from .builder import build_optimizer
+from .preflight import hook_output_dirs
 from .runner_names import model_meta, revise_state_keys
 
 
@@ -147,9 +147,16 @@ class Checkpointer:
             self.async_writer.wait()
 
     def checkpoint_dirs(self):
-        """Directories other than the work dir where this run's checkpoint hooks save (a
-        resume searches them; the run summary reads the last checkpoint's pointer there)."""
-        return checkpoint_dirs(self._trainer)
+        """Directories other than the work dir where this run's hooks save checkpoints (the
+        ``'checkpoint'`` entries of their ``output_dirs``): a resume searches them, the run
+        summary reads the last checkpoint's pointer there."""
+        t = self._trainer
+        dirs = []
+        for hook in t.hooks:
+            path = hook_output_dirs(t, hook).get('checkpoint')
+            if path is not None and path != t.storage_dir and path not in dirs:
+                dirs.append(path)
+        return dirs
 
     # -- resuming ---------------------------------------------------------------------------
     def resume_target(self):

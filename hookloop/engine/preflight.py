@@ -28,14 +28,3 @@ def hook_output_dirs(trainer, hook):
     duck-typed hooks) has none."""
     method = getattr(hook, 'output_dirs', None)
     return dict(method(trainer) or {}) if method is not None else {}
-
-
-def checkpoint_dirs(trainer):
-    """The directories other than the storage dir that the hooks save checkpoints into
-    (``output_dirs`` of kind ``'checkpoint'``)."""
-    dirs = []
-    for hook in trainer.hooks:
-        path = hook_output_dirs(trainer, hook).get('checkpoint')
-        if path is not None and path != trainer.storage_dir and path not in dirs:
-            dirs.append(path)
-    return dirs

@@ -9,7 +9,6 @@ import time
 
 from ..checkpoint.format import read_pointer
 from ..errors import CheckpointError
-from .preflight import checkpoint_dirs
 
 
 def summary_items(trainer, start_time, start_iter):
@@ -21,7 +20,8 @@ def summary_items(trainer, start_time, start_iter):
         if method is not None:
             items.update(method(trainer) or {})
     try:
-        last = read_pointer(trainer.storage_dir, also_inside=checkpoint_dirs(trainer)) if trainer.rank == 0 else None
+        last = read_pointer(trainer.storage_dir, also_inside=trainer.checkpointer.checkpoint_dirs()) \
+            if trainer.rank == 0 else None
     except CheckpointError:
         last = None
     if last:  # a URL (fsspec work dir or out_dir) is shown as it is
