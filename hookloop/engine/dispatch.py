@@ -15,8 +15,13 @@ import torch
 
 from ..errors import HookloopError
 from ..hooks.base import SETUP_STAGE
+from ..logging.flusher import flush_logs
 from .hook_list import HookList
 from .iteration_calls import iteration_stages
+
+# Stages before which the log files are flushed (their lines wait for the flusher otherwise):
+# a hook there may read them, and a checkpoint's iterations have their lines on disk with it.
+FLUSH_BEFORE = frozenset(('after_train_epoch', 'after_val_epoch', 'before_save_checkpoint'))
 
 
 class HookDispatch:
@@ -110,6 +115,8 @@ class HookDispatch:
 
     def call_hook(self, stage, *args):
         """Call ``stage`` on every hook that implements it, in order."""
+        if stage in FLUSH_BEFORE:
+            flush_logs()
         self._call_each(self._dispatch[stage], stage, *args)
         if self._in_epoch:  # during an epoch (a validation, a save): what they did may move a schedule
             for hook in self._hook_list.stage_table()[stage]:

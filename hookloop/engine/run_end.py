@@ -4,6 +4,7 @@ lock released. The error that stopped training stays the one raised.
 """
 from ..dist.process_group import teardown
 from ..errors import CheckpointError
+from ..logging.flusher import flush_logs
 from .dispatch import hook_name
 from .run_summary import log_run_summary
 
@@ -55,6 +56,7 @@ def call_after_run(trainer):
     successful run the first failure is raised (and becomes ``trainer.exception``); on an
     error path failures are logged, so the error that stopped training stays the one raised."""
     logger = trainer.logger
+    flush_logs()  # an after_run hook may copy or upload the log files: they are complete
     if trainer.exception is None:
         failure = None
         for method in trainer._dispatch['after_run']:

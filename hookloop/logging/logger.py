@@ -4,6 +4,8 @@ import os
 import sys
 import time
 
+from . import flusher
+
 _FORMAT = '%(asctime)s - hookloop - %(levelname)s - %(message)s'
 
 
@@ -31,7 +33,9 @@ class DeferredFileHandler(logging.Handler):
     """A log file that is created only when the run starts (:func:`start_log_file`).
 
     Records before that are kept and written first, so a trainer whose build fails, or a
-    run that finds nothing to do, leaves no empty ``.log`` behind."""
+    run that finds nothing to do, leaves no empty ``.log`` behind. A record through the standard
+    path is flushed at once (as ``logging.FileHandler`` does); a log event's line
+    (:func:`info_line`) waits for the :mod:`~hookloop.logging.flusher`."""
 
     def __init__(self, path):
         super().__init__()
@@ -46,6 +50,7 @@ class DeferredFileHandler(logging.Handler):
             for record in self._pending:
                 self._file.handle(record)
             self._pending = []
+            flusher.register(self._file)
 
     def emit(self, record):
         if self._file is not None:
@@ -59,6 +64,7 @@ class DeferredFileHandler(logging.Handler):
 
     def close(self):
         if self._file is not None:
+            flusher.unregister(self._file)
             self._file.close()
         self._pending = []
         super().close()
@@ -148,7 +154,8 @@ def info_line(logger, message):
         try:
             with direct.lock:
                 direct.stream.write(line)
-                direct.stream.flush()
+                if direct is handler:  # the terminal at once; the .log file (a DeferredFileHandler's) by the flusher
+                    direct.stream.flush()
         except RecursionError:
             raise
         except Exception:  # as logging.StreamHandler.emit does

@@ -1,0 +1,153 @@
+"""The log files' lines are flushed by a timer and at the points where someone reads them,
+never lost at a run's end, never written twice by a forked child."""
+import glob
+import os
+import threading
+import time
+
+import pytest
+
+from hookloop import Hook
+from hookloop.logging import flusher
+from log_utils import json_records, make_trainer, run
+
+
+def _lines(work_dir, suffix):
+    [path] = glob.glob(os.path.join(work_dir, f'*{suffix}'))
+    with open(path, encoding='utf-8') as f:
+        return f.read().splitlines()
+
+
+def _flusher_thread():
+    return any(t.name == 'hookloop-log-flusher' for t in threading.enumerate())
+
+
+def _registered_under(directory):
+    """The files under ``directory`` the flusher still flushes (a handler's, or a file's)."""
+    names = [getattr(target, 'baseFilename', getattr(target, 'name', '')) for target in flusher._files]
+    return [name for name in names if str(name).startswith(str(directory))]
+
+
+def test_a_line_waits_in_the_buffer_then_the_flusher_writes_it(tmp_path, monkeypatch):
+    """No system call per line: the record of iteration 5 is not on disk one iteration
+    later; with a short period the flusher's thread writes it while the run goes on."""
+    seen = {}
+
+    class Look(Hook):
+        def after_train_iter(self, trainer):
+            if trainer.iter == 5:  # the iteration after the first log event (iter 5 = 6 done)
+                seen['buffered'] = [r['iter'] for r in json_records(tmp_path, 'train')]
+                seen['log'] = [line for line in _lines(tmp_path, '.log') if 'Epoch [1][5/10]' in line]
+                monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.01)
+                flusher.flush_logs()  # what the thread does at its next wake (the old period may be long)
+                seen['flushed'] = [r['iter'] for r in json_records(tmp_path, 'train')]
+
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5)
+    trainer.register_hook(Look())
+    run(trainer)
+    assert seen['buffered'] == [] and seen['log'] == []
+    assert seen['flushed'] == [5]
+
+
+def test_the_thread_flushes_mid_epoch(tmp_path, monkeypatch):
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.01)
+    seen = []
+
+    class Wait(Hook):
+        def after_train_iter(self, trainer):
+            if trainer.iter == 5:
+                for _ in range(2000):  # up to ~20 s on a busy machine; no time is asserted
+                    seen[:] = [r['iter'] for r in json_records(tmp_path, 'train')]
+                    if seen:
+                        break
+                    time.sleep(0.01)
+
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5)
+    trainer.register_hook(Wait())
+    run(trainer)
+    assert seen == [5]
+
+
+def test_lines_are_on_disk_before_a_checkpoint_and_after_run(tmp_path, monkeypatch):
+    """Before a checkpoint is built, the lines of the iterations before its own are on disk (its
+    own iteration's line comes after it: loggers run last); after_run hooks (uploads, copies)
+    see complete files."""
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    seen = {}
+
+    class Read(Hook):
+        def before_save_checkpoint(self, trainer, checkpoint):
+            seen.setdefault('save', []).append((trainer.iter, [r['iter'] for r in json_records(tmp_path, 'train')]))
+
+        def after_run(self, trainer):
+            seen['end'] = [r['iter'] for r in json_records(tmp_path, 'train')]
+            seen['end_log'] = sum('Epoch [2][10/10]' in line for line in _lines(tmp_path, '.log'))
+
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5,
+                           checkpoint_config=dict(interval=5, by_epoch=False))
+    trainer.register_hook(Read(), priority='HIGHEST')
+    run(trainer)
+    assert seen['save'][:2] == [(4, []), (9, [5])]  # trainer.iter 4: 5 iterations done
+    assert seen['end'] == [5, 10, 15, 20] and seen['end_log'] == 1
+    assert _registered_under(tmp_path) == []
+
+
+def test_a_failed_run_loses_no_line_and_leaves_no_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+
+    class Fail(Hook):
+        def after_train_iter(self, trainer):
+            if trainer.iter == 6:
+                raise RuntimeError('boom')
+
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5)
+    trainer.register_hook(Fail())
+    with pytest.raises(RuntimeError, match='boom'):
+        trainer.train()
+    trainer.close()
+    assert [r['iter'] for r in json_records(tmp_path, 'train')] == [5]
+    assert any('Epoch [1][5/10]' in line for line in _lines(tmp_path, '.log'))
+    assert _registered_under(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='fork')
+def test_a_forked_child_does_not_write_the_parents_lines_again(tmp_path, monkeypatch):
+    """A child (a DataLoader worker started by fork) inherits the file buffers: they are
+    flushed before the fork, so a child that flushes its copy writes nothing twice."""
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    path = tmp_path / 'x.log.json'
+    f = open(path, 'ab')
+    flusher.register(f)
+    try:
+        f.write(b'one\n')
+        pid = os.fork()
+        if pid == 0:  # the child: flush its copy of the buffer, as a normal exit would
+            try:
+                f.flush()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        f.write(b'two\n')
+    finally:
+        flusher.unregister(f)
+        f.close()
+    assert path.read_bytes() == b'one\ntwo\n'
+
+
+def test_unregister_flushes_and_a_closed_file_is_no_error(tmp_path):
+    alone = not flusher._files  # (a trainer of an earlier test in this process may still hold its files)
+    f, g = open(tmp_path / 'a', 'ab'), open(tmp_path / 'b', 'ab')
+    flusher.register(f)
+    flusher.register(g)
+    f.write(b'a\n')
+    g.close()  # closed behind the flusher's back: its flush is skipped, not raised
+    flusher.flush_logs()
+    flusher.unregister(g)
+    assert (tmp_path / 'a').read_bytes() == b'a\n'
+    assert _flusher_thread()  # f is still registered
+    flusher.unregister(f)
+    f.close()
+    assert _registered_under(tmp_path) == []
+    if alone:
+        assert not _flusher_thread()  # the thread ends with the last file
