@@ -90,13 +90,6 @@ _MSEC_FORMAT = logging.Formatter.default_msec_format
 _seconds = [None, None, None]  # (whole second, converter, its strftime): one strftime per second
 
 
-def _plain_formatter(formatter):
-    """True for the formatter :func:`create_logger` made, still as it made it."""
-    return (getattr(formatter, 'hookloop_line', False) and type(formatter) is logging.Formatter
-            and formatter._fmt == _FORMAT and formatter.datefmt is None
-            and formatter.default_time_format == _TIME_FORMAT and formatter.default_msec_format == _MSEC_FORMAT)
-
-
 def _direct(handler):
     """The stream handler that writes the lines of one of :func:`create_logger`'s own
     handlers, when a line can be written to its stream as it would write it itself, else None
@@ -109,7 +102,11 @@ def _direct(handler):
             return None  # not started yet: the handler keeps the record for later
     elif type(handler) is not logging.StreamHandler:
         return None
-    if handler.stream is None or handler.terminator != '\n' or not _plain_formatter(handler.formatter):
+    formatter = handler.formatter  # still the one create_logger made, as it made it
+    if handler.stream is None or handler.terminator != '\n' or type(formatter) is not logging.Formatter \
+            or not getattr(formatter, 'hookloop_line', False) or formatter._fmt != _FORMAT \
+            or formatter.datefmt is not None or formatter.default_time_format != _TIME_FORMAT \
+            or formatter.default_msec_format != _MSEC_FORMAT:
         return None
     return handler
 
@@ -134,15 +131,16 @@ def info_line(logger, message):
     if logger.filters or logger.disabled or not logger.handlers:
         logger.info(message, stacklevel=2)
         return
-    handlers = [(handler, _direct(handler)) for handler in logger.handlers if logging.INFO >= handler.level]
-    record = None
-    if any(direct is None for _, direct in handlers):
-        frame = sys._getframe(1)
-        record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno, message,
-                                   (), None, frame.f_code.co_name)
-        created = record.created
-    else:
-        created = time.time()
+    handlers, record = [], None
+    for handler in logger.handlers:
+        if logging.INFO >= handler.level:
+            direct = _direct(handler)
+            handlers.append((handler, direct))
+            if direct is None and record is None:
+                frame = sys._getframe(1)
+                record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno,
+                                           message, (), None, frame.f_code.co_name)
+    created = time.time() if record is None else record.created
     line = converter = None
     for handler, direct in handlers:
         if direct is None:
