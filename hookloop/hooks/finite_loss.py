@@ -24,6 +24,7 @@ hook), or the loss scale below ``min_loss_scale``.
 
 Messages count iterations one way only: completed training iterations of the whole run.
 """
+import functools
 import math
 
 from ..errors import ConfigError, InvalidLossError
@@ -63,7 +64,7 @@ class FiniteLossGuard(Hook):
     def before_run(self, trainer):
         self._mark = trainer.meters.mark()
         self._logged_bad = None
-        self._listener = lambda summary: self._look(trainer, summary)
+        self._listener = functools.partial(self._look, trainer)  # (a C call: no Python frame of its own)
         trainer.meters.add_listener(self._listener)
 
     def after_run(self, trainer):

@@ -126,8 +126,10 @@ class LoggerHook(Hook):
             due = self.next_every_n_inner_iters(trainer, start, self.interval)
         else:
             due = self.next_every_n_iters(start, self.interval)
+        if self.ignore_last:
+            return due
         end = self.epoch_end_iter(trainer)
-        return min(due, end) if not self.ignore_last and start <= end else due
+        return min(due, end) if start <= end else due
 
     def after_train_iter(self, trainer):
         if self.should_log(trainer):
