@@ -21,10 +21,12 @@ class TensorboardLoggerHook(LoggerHook):
         super().__init__(interval, ignore_last, by_epoch)
         require('tensorboard', type(self).__name__)
         self.log_dir = log_dir
-        self.writer = None
+        self.writer = self._summary = None
 
     def open(self, trainer):
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard import SummaryWriter
+        self._summary = Summary  # (imported once, not at every event)
         self.log_dir = check_writable_dir(self.log_dir or os.path.join(trainer.work_dir, 'tf_logs'),
                                           type(self).__name__)
         self.writer = SummaryWriter(self.log_dir)
@@ -34,7 +36,7 @@ class TensorboardLoggerHook(LoggerHook):
     def log(self, trainer, record):
         # One event with every scalar of the record (what add_scalar writes one event each for:
         # the same tags, values and step for every reader, at a fraction of the cost)
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        Summary = self._summary
         mode, value_of = record['mode'], Summary.Value
         values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
                   for key, value in self.metrics_of(record).items()]
