@@ -24,7 +24,8 @@ def _flusher_thread():
 
 def _registered_under(directory):
     """The files under ``directory`` the flusher still flushes (a handler's, or a file's)."""
-    names = [getattr(target, 'baseFilename', getattr(target, 'name', '')) for target in flusher._files]
+    names = [getattr(target, 'baseFilename', None) or getattr(target, 'name', None) or getattr(target, 'log_dir', '')
+             for target in flusher._files]
     return [name for name in names if str(name).startswith(str(directory))]
 
 
@@ -151,3 +152,31 @@ def test_unregister_flushes_and_a_closed_file_is_no_error(tmp_path):
     assert _registered_under(tmp_path) == []
     if alone:
         assert not _flusher_thread()  # the thread ends with the last file
+
+
+def test_tensorboard_events_are_handed_over_in_step_order_before_images(tmp_path, monkeypatch):
+    """TensorBoard's scalars wait for the flusher; an image is written after the scalars logged
+    before it, so the event file's steps never go back (TensorBoard would drop what follows)."""
+    pytest.importorskip('tensorboard')
+    import numpy as np
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from hookloop.logging.images import publish_images
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+
+    class Images(Hook):
+        def after_train_iter(self, trainer):
+            if trainer.iter + 1 == 10:  # step 5's scalars wait (the flush at the epoch's end comes later)
+                publish_images(trainer, 'grid', [np.zeros((4, 4, 3), dtype=np.uint8)], 10)
+
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook'), dict(type='TensorboardLoggerHook')], interval=5)
+    trainer.register_hook(Images())
+    run(trainer)
+    [path] = glob.glob(str(tmp_path / 'tf_logs' / 'events.out.tfevents.*'))
+    steps, tags = [], {}
+    for event in EventFileLoader(path).Load():
+        for value in event.summary.value:
+            steps.append(event.step)
+            tags.setdefault(value.tag, []).append(event.step)
+    assert steps == sorted(steps)
+    assert tags['train/loss'] == [5, 10, 15, 20] and tags['grid/0'] == [10]
+    assert _registered_under(tmp_path) == []

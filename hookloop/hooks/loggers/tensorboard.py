@@ -1,7 +1,9 @@
 """TensorboardLoggerHook: scalars in TensorBoard event files."""
 import json
 import os
+import threading
 
+from ...logging import flusher
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir, flatten, require
 
@@ -11,6 +13,11 @@ class TensorboardLoggerHook(LoggerHook):
     """Writes every metric as a scalar ``<mode>/<key>`` (``train/loss``, ``train/lr``,
     ``val/accuracy``) at step = iterations completed, through ``torch.utils.tensorboard``.
     The config is written once as the text ``config``.
+
+    A record's scalars become one event, handed to TensorBoard's writer with the others of the
+    last second by the log :mod:`~hookloop.logging.flusher` (each hand-over wakes the writer's
+    thread, which then competes with the training loop), before any image and when the logger
+    closes. TensorBoard itself writes its file every 120 s (``flush_secs``) or at close.
 
     Args:
         log_dir: where the event files go; default ``<work_dir>/tf_logs`` (MMCV's place).
@@ -22,6 +29,8 @@ class TensorboardLoggerHook(LoggerHook):
         require('tensorboard', type(self).__name__)
         self.log_dir = log_dir
         self.writer = self._summary = None
+        self._events = []  # (Summary, step) not yet handed to the writer
+        self._handing_over = threading.Lock()  # the flusher's thread and log_images hand over in turn, in order
 
     def open(self, trainer):
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -32,6 +41,7 @@ class TensorboardLoggerHook(LoggerHook):
         self.writer = SummaryWriter(self.log_dir)
         if trainer.cfg is not None:
             self.writer.add_text('config', '    ' + json.dumps(flatten(trainer.cfg), indent=1).replace('\n', '\n    '))
+        flusher.register(self)
 
     def log(self, trainer, record):
         # One event with every scalar of the record (what add_scalar writes one event each for:
@@ -41,11 +51,22 @@ class TensorboardLoggerHook(LoggerHook):
         values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
                   for key, value in self.metrics_of(record).items()]
         if values:
-            self.writer._get_file_writer().add_summary(Summary(value=values), record['iter'])
+            self._events.append((Summary(value=values), record['iter']))
+
+    def flush(self):
+        """Hand the events kept so far to TensorBoard's writer, in order (the flusher's call)."""
+        with self._handing_over:
+            events, self._events = self._events, []  # (one swap: the loop may append meanwhile)
+            if events:
+                add = self.writer._get_file_writer().add_summary
+                for summary, step in events:
+                    add(summary, step)
 
     def log_images(self, trainer, tag, images, step):
+        self.flush()  # the scalars first: TensorBoard drops what comes after a later step
         for index, image in enumerate(images):
             self.writer.add_image(f'{tag}/{index}', image, step, dataformats='HWC')
 
     def close(self, trainer):
+        flusher.unregister(self)  # (its flush hands over what is left)
         self.writer.close()
