@@ -180,3 +180,31 @@ def test_tensorboard_events_are_handed_over_in_step_order_before_images(tmp_path
     assert steps == sorted(steps)
     assert tags['train/loss'] == [5, 10, 15, 20] and tags['grid/0'] == [10]
     assert _registered_under(tmp_path) == []
+
+
+def test_a_script_that_never_closes_the_trainer_leaves_complete_logs(tmp_path):
+    """A user script that trains and exits without ``trainer.close()``: the JSON log closed with
+    the run, the ``.log`` at the interpreter's exit (logging's shutdown flushes its handlers)."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f'''
+        import torch
+        from hookloop import Trainer
+        from conftest import Regressor, regression_data
+        from hookloop.logging import flusher
+        flusher.FLUSH_SECONDS = 3600.0
+        torch.manual_seed(0)
+        trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05),
+                          train_dataloader=torch.utils.data.DataLoader(regression_data(), batch_size=4),
+                          max_epochs=2, work_dir={str(tmp_path)!r}, seed=0, device='cpu',
+                          log_config=dict(interval=5, hooks=[dict(type='TextLoggerHook')]))
+        trainer.train()
+        trainer.logger.info('the last line')
+    ''')
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get('PYTHONPATH', '')]))
+    subprocess.run([sys.executable, '-c', script], check=True, env=env, timeout=300, capture_output=True)
+    assert [r['iter'] for r in json_records(tmp_path, 'train')] == [5, 10, 15, 20]
+    lines = _lines(tmp_path, '.log')
+    assert sum('Epoch [' in line for line in lines) == 4 and lines[-1].endswith('the last line')
