@@ -26,13 +26,13 @@ class IterationStage:
     """The hooks of one iteration stage, in run order, with when each is due.
 
     ``methods`` are the bound methods the trainer dispatches (wrapped when hooks are
-    profiled), ``hooks`` their hooks. ``note_error(exc, method, stage)`` adds the hook and
-    stage to a user error (the trainer's). ``partner`` is the other iteration stage:
+    profiled), ``hooks`` their hooks. ``call_each(methods, stage)`` is the trainer's caller
+    (it adds the hook and stage to a user error). ``partner`` is the other iteration stage:
     a hook's call at one stage asks its other stage again (what it did may move that one).
     """
 
-    def __init__(self, stage, hooks, methods, note_error):
-        self.stage, self.hooks, self.methods, self._note_error = stage, list(hooks), list(methods), note_error
+    def __init__(self, stage, hooks, methods, call_each):
+        self.stage, self.hooks, self.methods, self._call_each = stage, list(hooks), list(methods), call_each
         self._scheduled = [not schedule_blind_spots(type(hook)) for hook in self.hooks]  # may they skip iterations
         self.due = [None] * len(self.hooks)  # per hook: None = every iteration, else an iteration or NEVER
         self.every = self.methods             # the methods called at every iteration
@@ -72,21 +72,16 @@ class IterationStage:
         """Call every hook due at the current iteration, in run order, and ask each scheduled
         one that ran when it is next due, at both iteration stages."""
         iteration = trainer.position.iter
-        partner, after, due_at = self.partner, self.stage == 'after_train_iter', self.due
+        partner, after = self.partner, self.stage == 'after_train_iter'
         for index, method in enumerate(self.methods):
-            due = due_at[index]
-            if due is not None:
-                if due > iteration:
-                    continue
-                due_at[index] = NEVER  # a wake() from inside the call lowers it again
+            due = self.due[index]
+            if due is None:
+                self._call_each((method,), self.stage)
+            elif due <= iteration:
+                self.due[index] = NEVER  # a wake() from inside the call lowers it again
                 self._woken.discard(index)
-            try:
-                method(trainer)
-            except Exception as exc:
-                self._note_error(exc, method, self.stage)
-                raise
-            if due is not None:
-                due_at[index] = min(self._ask(trainer, index, iteration + 1), due_at[index])
+                self._call_each((method,), self.stage)
+                self.due[index] = min(self._ask(trainer, index, iteration + 1), self.due[index])
                 other = self._partner_index[index]
                 if other is not None and partner.due[other] is not None:
                     partner._reask(trainer, other, iteration + after)
@@ -123,9 +118,9 @@ class IterationStage:
         self.next_due = min([due for due in self.due if due is not None], default=NEVER)
 
 
-def iteration_stages(table, dispatch, note_error):
+def iteration_stages(table, dispatch, call_each):
     """``{stage: IterationStage}`` for the two training-iteration stages, paired."""
-    stages = {stage: IterationStage(stage, table[stage], dispatch[stage], note_error) for stage in ITERATION_STAGES}
+    stages = {stage: IterationStage(stage, table[stage], dispatch[stage], call_each) for stage in ITERATION_STAGES}
     stages['before_train_iter'].pair(stages['after_train_iter'])
     return stages
 

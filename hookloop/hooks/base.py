@@ -147,9 +147,8 @@ class Hook:
         iterations of the current epoch (:meth:`every_n_inner_iters`); ``NEVER`` when that
         is past the epoch's end."""
         first = trainer.iter - trainer.inner_iter  # the epoch's first iteration
-        offset = max(start - first, 0)
-        found = first + offset + (-(offset + 1)) % n  # next_every_n_iters within the epoch, written out
-        return found if found < first + trainer.epoch_length else NEVER  # up to epoch_end_iter
+        found = first + Hook.next_every_n_iters(max(start - first, 0), n)
+        return found if found <= Hook.epoch_end_iter(trainer) else NEVER
 
     @staticmethod
     def epoch_end_iter(trainer):

@@ -83,7 +83,7 @@ class IterTimerHook(Hook):
         kept = min(count, trainer.meters.history)
         trainer.meters.extend('data_time', [(trainer.step.data_seconds - self._data) / count] * kept, count)
         trainer.meters.extend('time', [(now - self._start - paused) / count] * kept, count)
-        self._start, self._done, self._data, self._paused = now, done, trainer.step.data_seconds, 0.0  # _restart
+        self._restart(now, done)
 
 
 def _completed(trainer):
