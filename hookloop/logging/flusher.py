@@ -4,7 +4,8 @@ A flush is a system call, and at a log event of a small model each one costs abo
 the rest of the event (measured in a run: 15-35 µs, most of it the cache misses it leaves for
 the next iteration). So the lines of the ``.log`` and ``.log.json`` files go into their file
 buffers, and one daemon thread per process flushes every registered file every
-:data:`FLUSH_SECONDS`. The terminal line is still written at once.
+:data:`FLUSH_SECONDS`; the log events' lines themselves, terminal included, are written by the
+same thread in batches (:mod:`~hookloop.logging.line_batch`).
 
 Nothing of a run that ends is lost: a file is flushed when it is unregistered (its owner closes
 it), :func:`flush_logs` runs before the ``after_run`` hooks (which may copy or upload the logs),
@@ -12,7 +13,8 @@ and before a ``fork`` (a child must not inherit unwritten lines it could write t
 process killed with ``SIGKILL`` loses at most the last :data:`FLUSH_SECONDS` of lines.
 
 A registered object needs a thread-safe ``flush()``: a ``logging.Handler`` (its ``flush``
-takes the handler's lock, which its writers hold too) or a binary buffered file.
+takes the handler's lock, which its writers hold too), a binary buffered file, or a
+:class:`~hookloop.logging.line_batch.LineBatch`.
 """
 import os
 import threading
@@ -25,11 +27,15 @@ _thread = None
 _stop = None
 
 
-def register(target):
-    """Flush ``target`` every :data:`FLUSH_SECONDS` from now until :func:`unregister`."""
+def register(target, first=False):
+    """Flush ``target`` every :data:`FLUSH_SECONDS` from now until :func:`unregister`; with
+    ``first``, before the targets registered so far (it writes into them)."""
     global _thread, _stop
     with _lock:
-        _files.append(target)
+        if first:
+            _files.insert(0, target)
+        else:
+            _files.append(target)
         if _thread is None:
             _stop = threading.Event()
             _thread = threading.Thread(target=_run, args=(_stop,), name='hookloop-log-flusher', daemon=True)

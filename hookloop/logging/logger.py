@@ -5,6 +5,7 @@ import sys
 import time
 
 from . import flusher
+from .line_batch import LineBatch
 
 _FORMAT = '%(asctime)s - hookloop - %(levelname)s - %(message)s'
 
@@ -16,6 +17,9 @@ def create_logger(work_dir, timestamp, rank=0, level='INFO'):
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
+    for old in [f for f in logger.filters if type(f) is LineBatch]:
+        logger.removeFilter(old)
+    logger.addFilter(LineBatch())  # the log events' lines wait here (a run's logger hooks add them)
     logger.setLevel(level if rank == 0 else logging.WARNING)
     formatter = logging.Formatter(_FORMAT)
     formatter.hookloop_line = True  # lines for this formatter may be written by :func:`info_line`
@@ -78,6 +82,9 @@ def start_log_file(logger):
 
 
 def close_logger(logger):
+    for batch in [f for f in logger.filters if type(f) is LineBatch]:
+        batch.flush()
+        logger.removeFilter(batch)
     for handler in list(logger.handlers):
         handler.flush()
         handler.close()
@@ -111,6 +118,32 @@ def _direct(handler):
     return handler
 
 
+def line_batch(logger):
+    """The :class:`~hookloop.logging.line_batch.LineBatch` :func:`create_logger` gave ``logger``, or None."""
+    for batch in logger.filters:
+        if type(batch) is LineBatch:
+            return batch
+    return None
+
+
+def batch_of(logger):
+    """The :class:`~hookloop.logging.line_batch.LineBatch` of ``logger`` when a log event's
+    lines may wait in it: a logger :func:`create_logger` made, whose handlers (checked again
+    whenever the list changes) are all its own as it made them (a user's handler gets each
+    record at its event). Else None."""
+    for batch in logger.filters:
+        if type(batch) is LineBatch:
+            if logger.handlers != batch.handlers_seen:
+                batch.handlers_seen = list(logger.handlers)
+                batch.all_own = all(_direct(handler) is not None for handler in batch.handlers_seen)
+            return batch if batch.all_own else None
+    return None
+
+
+def _foreign_filters(logger):
+    return any(type(f) is not LineBatch for f in logger.filters)
+
+
 def _asctime(created, converter):
     second = int(created)
     cached = _seconds
@@ -119,17 +152,18 @@ def _asctime(created, converter):
     return _MSEC_FORMAT % (cached[2], int((created - second) * 1000))
 
 
-def info_line(logger, message):
-    """``logger.info(message)`` for a run's logger, cheaper (a log event's line).
+def info_line(logger, message, created=None):
+    """``logger.info(message)`` for a run's logger, cheaper (a log event's line), stamped
+    ``created`` (a ``time.time()``; default: now).
 
     The handlers :func:`create_logger` made get the line they would write, formatted once for
     all of them, without a ``LogRecord``; any other handler (a user's) gets the record as
     usual, with the same creation time. A logger or handler changed in a way this does not
-    reproduce (filters, another formatter or level) takes the standard path."""
+    reproduce (a filter of its own, another formatter or level) takes the standard path."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    if logger.filters or logger.disabled or not logger.handlers:
-        logger.info(message, stacklevel=2)
+    if logger.disabled or not logger.handlers or (logger.filters and _foreign_filters(logger)):
+        logger.handle(_record(logger, message, created, sys._getframe(1)))
         return
     handlers, record = [], None
     for handler in logger.handlers:
@@ -137,10 +171,11 @@ def info_line(logger, message):
             direct = _direct(handler)
             handlers.append((handler, direct))
             if direct is None and record is None:
-                frame = sys._getframe(1)
-                record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno,
-                                           message, (), None, frame.f_code.co_name)
-    created = time.time() if record is None else record.created
+                record = _record(logger, message, created, sys._getframe(1))
+    if record is not None:
+        created = record.created
+    elif created is None:
+        created = time.time()
     line = converter = None
     for handler, direct in handlers:
         if direct is None:
@@ -158,5 +193,16 @@ def info_line(logger, message):
             raise
         except Exception:  # as logging.StreamHandler.emit does
             if record is None:
-                record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, (), None, 'info_line')
+                record = _record(logger, message, created, sys._getframe(0))
             handler.handleError(record)
+
+
+def _record(logger, message, created, frame):
+    """The ``LogRecord`` of ``logger.info(message)`` called in ``frame``, created at ``created``."""
+    record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno,
+                               message, (), None, frame.f_code.co_name)
+    if created is not None:  # as LogRecord.__init__ derives them from its own time.time()
+        record.created = created
+        record.msecs = int((created - int(created)) * 1000) + 0.0
+        record.relativeCreated = (created - logging._startTime) * 1000
+    return record

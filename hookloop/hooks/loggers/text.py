@@ -5,9 +5,11 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 
 from ...logging import flusher
-from ...logging.logger import info_line
+from ...logging.line_batch import LineBatch
+from ...logging.logger import batch_of, info_line, line_batch
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir
 
@@ -65,6 +67,10 @@ class TextLoggerHook(LoggerHook):
         self.interval_exp_name = interval_exp_name
         self.json_path = None
         self._json_file = None  # open while the logger is: one buffered write per record, not an open and a close
+        # The events not written yet: (time, record, ETA seconds, iterations of the line's count,
+        # shown at INFO), written in batches (hookloop.logging.line_batch) by _write_unwritten.
+        self._unwritten = deque()
+        self._logger = self._batch = self._failure = None
         self._start_iter = None
         self._time_sum = 0.0  # sum of logged ``time`` averages x interval: the ETA's basis
         self._wall_start = time.perf_counter()
@@ -83,6 +89,9 @@ class TextLoggerHook(LoggerHook):
         self._write_json({'hookloop': True, 'seed': trainer.seed, 'work_dir': trainer.work_dir,
                           'exp_name': self.exp_name})
         self._wall_start = time.perf_counter()
+        self._logger = trainer.logger
+        self._batch = line_batch(trainer.logger) or LineBatch()  # (a logger of a user's: written at once)
+        self._batch.add_writer(self._write_unwritten)
 
     def before_train_epoch(self, trainer):
         super().before_train_epoch(trainer)
@@ -90,28 +99,51 @@ class TextLoggerHook(LoggerHook):
             self._start_iter = self._last_iter = trainer.iter
 
     def log(self, trainer, record):
-        # Below INFO (the benchmarks' level, a quiet run's) logger.info would reach no handler:
-        # the line is not formatted at all.
-        shown = trainer.logger.isEnabledFor(logging.INFO)
+        self._raise_failure()
+        logger = self._logger
+        shown = logger.isEnabledFor(logging.INFO)  # below INFO no line is formatted at all
+        eta = None
         if record['mode'] == 'train':
             n = self.interval_exp_name
             if n and record['iter'] // n > self._last_iter // n:  # crossed a multiple of n
-                trainer.logger.info('Exp name: %s', self.exp_name)
-            if shown:
-                line = self._format_train(trainer, record)
-            else:
-                self.eta_seconds(trainer, record)  # it keeps the sum of logged times the ETA needs later
+                logger.info('Exp name: %s', self.exp_name)  # (the lines before it are written first)
+            eta = self.eta_seconds(trainer, record)  # now: it keeps the sum of logged times
             self._last_iter = record['iter']
-        elif shown:
-            items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
-            where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
-            line = f'{where}  {items}'
-        if shown:
-            info_line(trainer.logger, line)  # logger.info(line), formatted once for hookloop's own handlers
-        self._write_json(record)
+        count = trainer.epoch_length if self.by_epoch else trainer.max_iters
+        self._unwritten.append((time.time(), record, eta, count, shown))
+        if batch_of(logger) is None:  # a user's handler: it gets the record at its event
+            self._batch.write_now(self._write_unwritten)
+            self._raise_failure()
 
     def log_profile(self, trainer, record):
+        self._batch.write_now(self._write_unwritten)
+        self._raise_failure()
         self._write_json(record)
+
+    def _write_unwritten(self):
+        """Write the events' lines and JSON records so far, in order (the line batch's writer:
+        on the flusher's thread, or on the run's when something must come after them)."""
+        queue = self._unwritten
+        try:
+            while queue:
+                created, record, eta, count, shown = queue.popleft()
+                if shown:
+                    info_line(self._logger, self._line(record, eta, count), created)
+                self._write_json(record)
+        except Exception as exc:  # raised in the run's thread (this may be the flusher's)
+            self._failure = exc
+
+    def _raise_failure(self):
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            raise failure
+
+    def _line(self, record, eta, count):
+        if record['mode'] == 'train':
+            return self._format_train(record, eta, count)
+        items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
+        where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
+        return f'{where}  {items}'
 
     def _write_json(self, record):
         text = ''.join(_ENCODE(record, 0)) if _ENCODE is not None else _JSON.encode(record)
@@ -130,14 +162,14 @@ class TextLoggerHook(LoggerHook):
             per_iter = (time.perf_counter() - self._wall_start) / max(done, 1)
         return per_iter * (trainer.max_iters - record['iter'])
 
-    def _format_train(self, trainer, record):
+    def _format_train(self, record, eta, count):
         if self.by_epoch:
-            line = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{trainer.epoch_length}]\t'
+            line = f'Epoch [{record["epoch"]}][{record["inner_iter"]}/{count}]\t'
         else:
-            line = f'Iter [{record["iter"]}/{trainer.max_iters}]\t'
+            line = f'Iter [{record["iter"]}/{count}]\t'
         if 'lr' in record:
             line += f'lr: {record["lr"]:.3e}, '
-        line += 'eta: ' + _eta(self.eta_seconds(trainer, record))
+        line += 'eta: ' + _eta(eta)
         if 'time' in record:
             line += f', time: {record["time"]:.3f}'
         if 'data_time' in record:
@@ -153,10 +185,14 @@ class TextLoggerHook(LoggerHook):
         return line
 
     def close(self, trainer):
+        if self._batch is not None:
+            self._batch.remove_writer(self._write_unwritten)  # writes what is left
+            self._batch = None
         if self._json_file is not None:
             flusher.unregister(self._json_file)
             self._json_file.close()
             self._json_file = None
+        self._raise_failure()
         if not self.out_dir:
             return
         target = os.path.join(self.out_dir, os.path.basename(trainer.work_dir))
