@@ -1,15 +1,19 @@
-"""A property test of the buffered logs (issue 26) where they meet the rest: random runs with
-random log intervals (by epoch or not, ``ignore_last`` or not), validation, sync or async
-checkpoints, TensorBoard beside the text log, a failure at a random iteration and a resume of
-the failed run. With the flusher's own timer out of the way (an hour), whatever is on disk comes
-from the flush points, and:
+"""A property test of the buffered logs and batched lines (issue 26) where they meet the rest:
+random runs with random log intervals (by epoch or not, ``ignore_last`` or not), validation, sync
+or async checkpoints, TensorBoard beside the text log, a failure at a random iteration and a
+resume of the failed run, a hook's own ``logger.info`` lines at random iterations, a user's
+handler on the run's logger or not. The flusher's own timer is either out of the way (an hour:
+whatever is on disk comes from the flush points) or racing the run (2 ms), and:
 
 * before every checkpoint is built, the JSON log on disk holds every record logged so far;
-* after every run (finished or failed), it holds exactly the records logged, in order, and the
-  ``.log`` one train line per train record;
+* after every run (finished or failed), it holds exactly the records logged, in order;
+* the ``.log`` files hold the train and val lines and the hook's lines in the order they were
+  logged (a batched line never comes after a line logged later), and so does a user's handler,
+  which has every record by the time the next line is logged;
 * TensorBoard's event file has the same train steps, in order;
 * no file of the run is left with the flusher.
 """
+import logging
 import glob
 import json
 import os
@@ -38,31 +42,58 @@ def disk_records(work_dir):
     return [r for r in records if r.get('mode') in ('train', 'val')]
 
 
-def train_lines(work_dir):
-    lines = []
-    for path in sorted(glob.glob(os.path.join(work_dir, '*.log'))):
+def kind(message):
+    """What a logged message is: ('train',), ('val',), ('note', n), or None for the rest."""
+    if message.startswith('note '):
+        return ('note', int(message[5:]))
+    if message.startswith(('Epoch(val)', 'Iter(val)')):
+        return ('val',)
+    if '\tlr: ' in message:
+        return ('train',)
+    return None
+
+
+def log_file_kinds(work_dir):
+    kinds = []
+    for path in sorted(glob.glob(os.path.join(work_dir, '*.log'))):  # a resume writes a second log
         with open(path, encoding='utf-8') as f:
-            lines += [line for line in f if '\tlr: ' in line]
-    return lines
+            kinds += [kind(line.rstrip('\n').split(' - INFO - ', 1)[-1]) for line in f]
+    return [k for k in kinds if k is not None]
+
+
+class UserHandler(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.kinds = []
+
+    def emit(self, record):
+        if kind(record.getMessage()) is not None:
+            self.kinds.append(kind(record.getMessage()))
 
 
 class Probe(Hook):
-    """Fails at ``fail_at`` (0-based iteration); at each checkpoint build compares the disk with
-    what the text logger logged."""
+    """Logs a line of its own at the iterations ``notes``; fails at ``fail_at`` (0-based
+    iteration); at each checkpoint build compares the disk with what the text logger logged."""
 
-    def __init__(self, work_dir, logged, fail_at):
+    def __init__(self, work_dir, logged, fail_at, notes, sequence, user):
         self.work_dir, self.logged, self.fail_at, self.checked = work_dir, logged, fail_at, 0
+        self.notes, self.sequence, self.user = notes, sequence, user
 
     def before_save_checkpoint(self, trainer, checkpoint):
         assert disk_records(self.work_dir) == self.logged
         self.checked += 1
 
     def after_train_iter(self, trainer):
+        if trainer.iter in self.notes:
+            if self.user is not None:  # a user's handler has every line at its event
+                assert self.user.kinds == self.sequence[self.user.start:]
+            self.sequence.append(('note', trainer.iter))
+            trainer.logger.info('note %d', trainer.iter)
         if trainer.iter == self.fail_at:
             raise Boom(f'at {trainer.iter}')
 
 
-def run_once(work_dir, case, logged, fail_at, resume):
+def run_once(work_dir, case, logged, fail_at, resume, sequence):
     hooks = [dict(type='TextLoggerHook', by_epoch=case['by_epoch'], ignore_last=case['ignore_last'])]
     if case['tensorboard']:
         hooks.append(dict(type='TensorboardLoggerHook', by_epoch=case['by_epoch'], ignore_last=case['ignore_last']))
@@ -71,7 +102,12 @@ def run_once(work_dir, case, logged, fail_at, resume):
                            val=bool(case['val_every']), auto_resume=resume,
                            checkpoint_config=dict(interval=case['ckpt_every'], by_epoch=False,
                                                   async_save=case['async_save']), **extra)
-    probe = Probe(work_dir, logged, fail_at)
+    user = None
+    if case['user_handler']:
+        user = UserHandler()
+        user.start = len(sequence)  # (what this run logs comes after)
+        trainer.logger.addHandler(user)
+    probe = Probe(work_dir, logged, fail_at, case['notes'], sequence, user)
     trainer.register_hook(probe)
     try:
         trainer.train()
@@ -79,6 +115,8 @@ def run_once(work_dir, case, logged, fail_at, resume):
         pass
     finally:
         trainer.close()
+    if user is not None:
+        assert user.kinds == sequence[user.start:], case
     return trainer, probe
 
 
@@ -87,26 +125,29 @@ def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, 
     rng = random.Random(seed)
     case = dict(interval=rng.choice([2, 3, 4, 5]), by_epoch=rng.random() < 0.5, ignore_last=rng.random() < 0.5,
                 epochs=rng.choice([1, 2, 3]), val_every=rng.choice([0, 1]), ckpt_every=rng.choice([3, 4, 7]),
-                async_save=rng.random() < 0.5, tensorboard=rng.random() < 0.3)
+                async_save=rng.random() < 0.5, tensorboard=rng.random() < 0.3,
+                flush_seconds=rng.choice([3600.0, 0.002]), user_handler=rng.random() < 0.5)
     if case['tensorboard']:
         pytest.importorskip('tensorboard')
     total = 10 * case['epochs']  # make_trainer: 10 iterations per epoch
+    case['notes'] = set(rng.sample(range(total), rng.randrange(total // 2)))
     fail_at = rng.randrange(total) if rng.random() < 0.5 else None
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
-    logged = []
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', case['flush_seconds'])
+    logged, sequence = [], []
     original = TextLoggerHook.log
 
     def log(self, trainer, record):
         original(self, trainer, record)
         logged.append(json.loads(json.dumps(record, default=float)))  # as the JSON log holds it
+        sequence.append((record['mode'],))
 
     monkeypatch.setattr(TextLoggerHook, 'log', log)
     torch.manual_seed(seed)
-    runs = [run_once(tmp_path, case, logged, fail_at, resume=False)]
+    runs = [run_once(tmp_path, case, logged, fail_at, resume=False, sequence=sequence)]
     if fail_at is not None:  # the failed run resumed from its last checkpoint: one more log file
-        runs.append(run_once(tmp_path, case, logged, None, resume=True))
+        runs.append(run_once(tmp_path, case, logged, None, resume=True, sequence=sequence))
     assert disk_records(tmp_path) == logged, case
-    assert len(train_lines(tmp_path)) == sum(r['mode'] == 'train' for r in logged), case
+    assert log_file_kinds(tmp_path) == sequence, case
     names = [getattr(t, 'baseFilename', None) or getattr(t, 'name', None) or getattr(t, 'log_dir', '')
              for t in flusher._files]
     assert not [n for n in names if str(n).startswith(str(tmp_path))], case

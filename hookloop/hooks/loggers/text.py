@@ -130,7 +130,7 @@ class TextLoggerHook(LoggerHook):
                 if shown:
                     info_line(self._logger, self._line(record, eta, count), created)
                 self._write_json(record)
-        except Exception as exc:  # raised in the run's thread (this may be the flusher's)
+        except Exception as exc:  # (maybe on the flusher's thread) raised by this hook's next call
             self._failure = exc
 
     def _raise_failure(self):

@@ -1,0 +1,119 @@
+"""The log events' lines written in batches (``hookloop.logging.line_batch``, issue 26): they wait
+for a flush, come out in the order they were logged, a user's handler still gets each record at
+its event, and a line that cannot be written fails the run."""
+import io
+import json
+import logging
+
+import pytest
+
+from hookloop import Hook
+from hookloop.logging import flusher
+from hookloop.logging.logger import batch_of
+from log_utils import json_records, make_trainer
+
+
+def event_lines(text):
+    return [line for line in text.splitlines() if '\tlr: ' in line]
+
+
+class Look(Hook):
+    """Runs ``look(trainer)`` at the start of every training iteration."""
+
+    def __init__(self, look):
+        self.look = look
+
+    def before_train_iter(self, trainer):
+        self.look(trainer)
+
+
+@pytest.fixture
+def no_timer(monkeypatch):
+    """The flusher's own timer out of the way: only the flush points write."""
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+
+
+def test_lines_wait_for_a_flush_and_come_out_whole(tmp_path, no_timer):
+    trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=2, max_epochs=1)
+    terminal = io.StringIO()
+    trainer.logger.handlers[0].setStream(terminal)
+    seen = {}
+
+    def look(trainer):
+        if trainer.iter == 4:  # after the events of iterations 2 and 4
+            seen['before'] = len(event_lines(terminal.getvalue()))
+            assert batch_of(trainer.logger) is not None
+            flusher.flush_logs()
+            seen['after'] = len(event_lines(terminal.getvalue()))
+
+    trainer.register_hook(Look(look))
+    trainer.train()
+    trainer.close()
+    assert seen == {'before': 0, 'after': 2}
+    lines = event_lines(terminal.getvalue())
+    assert [line.split(' - INFO - ')[1].split('\t')[0] for line in lines] == \
+        [f'Epoch [1][{n}/10]' for n in (2, 4, 6, 8, 10)]
+    with open(next(tmp_path.glob('*.log')), encoding='utf-8') as f:
+        assert event_lines(f.read()) == lines  # the .log file: the same lines, the same times
+    assert [r['iter'] for r in json_records(str(tmp_path), 'train')] == [2, 4, 6, 8, 10]
+
+
+def test_another_record_comes_after_the_lines_logged_before_it(tmp_path, no_timer):
+    trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=2, max_epochs=1)
+    terminal = io.StringIO()
+    trainer.logger.handlers[0].setStream(terminal)
+    trainer.register_hook(Look(lambda t: t.logger.info('note %d', t.iter) if t.iter in (3, 7) else None))
+    trainer.train()
+    trainer.close()
+    messages = [line.split(' - INFO - ', 1)[1] for line in terminal.getvalue().splitlines() if ' - INFO - ' in line]
+    ordered = [m.split('\t')[0] for m in messages if m.startswith(('note', 'Epoch ['))]
+    assert ordered == ['Epoch [1][2/10]', 'note 3', 'Epoch [1][4/10]', 'Epoch [1][6/10]', 'note 7',
+                       'Epoch [1][8/10]', 'Epoch [1][10/10]']
+
+
+def test_a_users_handler_gets_each_record_at_its_event(tmp_path, no_timer):
+    trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=2, max_epochs=1)
+    terminal = io.StringIO()
+    trainer.logger.handlers[0].setStream(terminal)
+    received = []
+
+    class User(logging.Handler):
+        def emit(self, record):
+            received.append((record.created, record.getMessage()))
+
+    trainer.logger.addHandler(User())
+    counts = []
+    trainer.register_hook(Look(lambda t: counts.append((len(event_lines('\n'.join(m for _, m in received))),
+                                                        len(event_lines(terminal.getvalue()))))))
+    trainer.train()
+    trainer.close()
+    # at the start of iteration i, the events of the i // 2 iterations before it reached both
+    assert counts == [(i // 2, i // 2) for i in range(10)]
+    # the terminal's line shows the time the user's record was created at
+    stamps = [line.split(' - ')[0] for line in event_lines(terminal.getvalue())]
+    formatter = logging.Formatter()
+    assert stamps == [formatter.formatTime(logging.makeLogRecord({'created': c, 'msecs': (c % 1) * 1000}))
+                      for c, m in received if '\tlr: ' in m]
+
+
+class Opaque:
+    """A metric no JSON encoder can write (``float()`` refuses it)."""
+
+    def __repr__(self):
+        return 'opaque'
+
+
+@pytest.mark.parametrize('timer', [3600.0, 0.001])  # written at a flush point, or by the flusher's thread
+def test_a_record_that_cannot_be_written_fails_the_run(tmp_path, monkeypatch, timer):
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', timer)
+    trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=2, max_epochs=2, val=True,
+                           evaluation=dict(interval=1), val_evaluator=lambda loss, batch: {'mse': loss, 'odd': Opaque()})
+    trainer.logger.handlers[0].setStream(io.StringIO())
+    with pytest.raises(TypeError, match='Opaque'):
+        trainer.train()
+    trainer.close()
+    # the JSON log is closed and holds each record that could be written, whole
+    with open(next(tmp_path.glob('*.log.json')), encoding='utf-8') as f:
+        records = [json.loads(line) for line in f]
+    assert records[0]['hookloop'] and all(r['mode'] == 'train' for r in records[1:])
+    assert not [t for t in flusher._files if str(getattr(t, 'name', '')).startswith(str(tmp_path))]
