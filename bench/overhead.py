@@ -28,7 +28,10 @@ gaps, which include the log events' and checkpoints' share: what a user's run pa
 ``framework_cycle_us`` the mean over a log cycle of the median gap at each of its positions
 (less the plain median): the same mean with the log events' share but not the machine's
 stalls (a 5 ms stall of a shared machine in one gap of 2000 moves a plain mean by 2.5 us).
-``load`` is the machine's 1-minute load average when the mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
+``batch_us``: the seconds spent writing the log events' lines in batches
+(``hookloop.logging.line_batch``, mostly on the flusher's thread, partly after the timed
+iterations), per hookloop iteration: the gaps hold some of it, so a user pays at most
+``framework_mean_us + batch_us``. ``load`` is the machine's 1-minute load average when the mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
 ``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
     python bench/overhead.py                                   # default mode, tiny and mlp
@@ -51,6 +54,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hookloop import Hook, Trainer
 from hookloop.hooks.order import HookOrderWarning
+from hookloop.logging.line_batch import LineBatch
 
 MODELS = {
     # name: (build, features, batch, default iterations per round)
@@ -86,6 +90,21 @@ PLAIN_MODE = {'accum2_50': 'accum2', 'fp16_50': 'fp16'}  # the plain loop each h
 PERIOD = {'accum2': 2, 'accum2_50': 2}
 clock = time.perf_counter
 LOG_LEVEL = 'INFO'  # --log-level
+batch_seconds = [0.0]  # time in LineBatch writes, on any thread
+
+
+def _timed_batch_write(write):
+    @functools.wraps(write)
+    def timed(self, writers):
+        start = time.perf_counter()
+        try:
+            return write(self, writers)
+        finally:
+            batch_seconds[0] += time.perf_counter() - start
+    return timed
+
+
+LineBatch._write = _timed_batch_write(LineBatch._write)  # every batch goes through it
 
 
 class Loss(nn.Module):
@@ -205,6 +224,7 @@ def one_round(mode, build, initial, data, batch, block, skip):
         model.stamps = []
         models.append(model)
     loader = lambda: DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)  # noqa: E731
+    batch_seconds[0] = 0.0
     # At INFO (the default a user gets) the terminal lines are written as for a user, to /dev/null
     # here: the run's stream handler keeps the stdout it was built with.
     with open(os.devnull, 'w') as terminal, contextlib.redirect_stdout(terminal):
@@ -224,7 +244,7 @@ def one_round(mode, build, initial, data, batch, block, skip):
     plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period, indices)
     cycle = MODES[mode].get('log_config', {}).get('interval', 10)
     return (statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked),
-            cycle_mean(hooked, indices, cycle))
+            cycle_mean(hooked, indices, cycle), batch_seconds[0] * 1e6 / sum(s is not None for s in models[1].stamps))
 
 
 def run(model_name, mode, rounds, iters, block):
@@ -244,6 +264,7 @@ def run(model_name, mode, rounds, iters, block):
             'framework_us': round(statistics.median(r[1] - r[0] for r in results), 1),
             'framework_mean_us': round(statistics.median(r[3] - r[2] for r in results), 1),
             'framework_cycle_us': round(statistics.median(r[4] - r[0] for r in results), 1),
+            'batch_us': round(statistics.median(r[5] for r in results), 1),
             'load': round(os.getloadavg()[0], 1)}
 
 
