@@ -2,6 +2,7 @@
 import json
 import os
 import threading
+from collections import deque
 
 from ...logging import flusher
 from ...registry import HOOKS
@@ -14,10 +15,11 @@ class TensorboardLoggerHook(LoggerHook):
     ``val/accuracy``) at step = iterations completed, through ``torch.utils.tensorboard``.
     The config is written once as the text ``config``.
 
-    A record's scalars become one event, handed to TensorBoard's writer with the others of the
-    last second by the log :mod:`~hookloop.logging.flusher` (each hand-over wakes the writer's
-    thread, which then competes with the training loop), before any image and when the logger
-    closes. TensorBoard itself writes its file every 120 s (``flush_secs``) or at close.
+    A record's scalars become one event, built and handed to TensorBoard's writer with the
+    others of the last second by the log :mod:`~hookloop.logging.flusher` (built at a log event,
+    inside the loop, an event cost several times as much; each hand-over wakes the writer's
+    thread, which then competes with the loop), before any image and when the logger closes.
+    TensorBoard itself writes its file every 120 s (``flush_secs``) or at close.
 
     Args:
         log_dir: where the event files go; default ``<work_dir>/tf_logs`` (MMCV's place).
@@ -29,7 +31,7 @@ class TensorboardLoggerHook(LoggerHook):
         require('tensorboard', type(self).__name__)
         self.log_dir = log_dir
         self.writer = self._summary = None
-        self._events = []  # (Summary, step) not yet handed to the writer
+        self._records = deque()  # the records not yet handed to the writer
         self._handing_over = threading.Lock()  # the flusher's thread and log_images hand over in turn, in order
 
     def open(self, trainer):
@@ -44,23 +46,23 @@ class TensorboardLoggerHook(LoggerHook):
         flusher.register(self)
 
     def log(self, trainer, record):
-        # One event with every scalar of the record (what add_scalar writes one event each for:
-        # the same tags, values and step for every reader, at a fraction of the cost)
-        Summary = self._summary
-        mode, value_of = record['mode'], Summary.Value
-        values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
-                  for key, value in self.metrics_of(record).items()]
-        if values:
-            self._events.append((Summary(value=values), record['iter']))
+        self._records.append(record)
 
     def flush(self):
-        """Hand the events kept so far to TensorBoard's writer, in order (the flusher's call)."""
+        """Hand the records kept so far to TensorBoard's writer, in order (the flusher's call):
+        one event with every scalar of a record (what ``add_scalar`` writes one event each for:
+        the same tags, values and step for every reader, at a fraction of the cost)."""
         with self._handing_over:
-            events, self._events = self._events, []  # (one swap: the loop may append meanwhile)
-            if events:
-                add = self.writer._get_file_writer().add_summary
-                for summary, step in events:
-                    add(summary, step)
+            records, Summary = self._records, self._summary
+            if records:
+                add, value_of = self.writer._get_file_writer().add_summary, Summary.Value
+            while records:  # (popleft: the loop may append meanwhile)
+                record = records.popleft()
+                mode = record['mode']
+                values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
+                          for key, value in self.metrics_of(record).items()]
+                if values:
+                    add(Summary(value=values), record['iter'])
 
     def log_images(self, trainer, tag, images, step):
         self.flush()  # the scalars first: TensorBoard drops what comes after a later step
