@@ -31,7 +31,8 @@ stalls (a 5 ms stall of a shared machine in one gap of 2000 moves a plain mean b
 ``batch_us``: the seconds spent writing the log events' lines in batches
 (``hookloop.logging.line_batch``, mostly on the flusher's thread, partly after the timed
 iterations), per hookloop iteration: the gaps hold some of it, so a user pays at most
-``framework_mean_us + batch_us``. ``load`` is the machine's 1-minute load average when the mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
+``framework_mean_us + batch_us``. ``load`` is the machine's 1-minute load average when the
+mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
 ``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
     python bench/overhead.py                                   # default mode, tiny and mlp
@@ -243,8 +244,9 @@ def one_round(mode, build, initial, data, batch, block, skip):
     indices = []
     plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period, indices)
     cycle = MODES[mode].get('log_config', {}).get('interval', 10)
+    iterations = sum(stamp is not None for stamp in models[1].stamps)
     return (statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked),
-            cycle_mean(hooked, indices, cycle), batch_seconds[0] * 1e6 / sum(s is not None for s in models[1].stamps))
+            cycle_mean(hooked, indices, cycle), batch_seconds[0] * 1e6 / iterations)
 
 
 def run(model_name, mode, rounds, iters, block):

@@ -107,7 +107,8 @@ class Opaque:
 def test_a_record_that_cannot_be_written_fails_the_run(tmp_path, monkeypatch, timer):
     monkeypatch.setattr(flusher, 'FLUSH_SECONDS', timer)
     trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=2, max_epochs=2, val=True,
-                           evaluation=dict(interval=1), val_evaluator=lambda loss, batch: {'mse': loss, 'odd': Opaque()})
+                           evaluation=dict(interval=1),
+                           val_evaluator=lambda loss, batch: {'mse': loss, 'odd': Opaque()})
     trainer.logger.handlers[0].setStream(io.StringIO())
     with pytest.raises(TypeError, match='Opaque'):
         trainer.train()

@@ -1,10 +1,10 @@
 """A run's log-event lines, written in batches instead of one event at a time.
 
 Inside a training loop a log event's formatting and writing cost several times what they
-cost warm (measured in a run of a small model: ~90 µs against ~15 µs): the training step
-between two events evicts that code and its data from the caches. So a logger hook may hand
-its lines over with what it needs to write them later (:meth:`LineBatch.add_writer`), and they
-are written together, warm, on the :mod:`~hookloop.logging.flusher`'s thread every
+cost in a batch (measured in a run of a small model: 90-110 µs against 22-39 µs a line): the
+training step between two events evicts that code and its data from the caches. So a logger
+hook may hand its lines over with what it needs to write them later
+(:meth:`LineBatch.add_writer`), and they are written together on the :mod:`~hookloop.logging.flusher`'s thread every
 :data:`~hookloop.logging.flusher.FLUSH_SECONDS`, and at once wherever order or completeness
 is at stake:
 
@@ -15,9 +15,10 @@ is at stake:
   ``after_run``, a ``fork`` (:func:`~hookloop.logging.flusher.flush_logs`), and when the writer
   is removed (its logger hook closes).
 
-The lines are the ones an immediate write gives, byte for byte (the time in each is the event's).
-A line waits only while every handler of the logger is one of :func:`create_logger`'s own
-(:func:`~hookloop.logging.logger.batch_of`): a user's handler gets each record at its event, as ``logger.info`` gives it.
+The lines are the ones an immediate write gives, byte for byte (the time in each is the
+event's). A line waits only while every handler of the logger is one of
+:func:`~hookloop.logging.logger.create_logger`'s own (:func:`~hookloop.logging.logger.batch_of`):
+a user's handler gets each record at its event, as ``logger.info`` gives it.
 """
 import logging
 import threading

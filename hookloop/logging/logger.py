@@ -17,8 +17,8 @@ def create_logger(work_dir, timestamp, rank=0, level='INFO'):
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    for old in [f for f in logger.filters if type(f) is LineBatch]:
-        logger.removeFilter(old)
+    if line_batch(logger) is not None:
+        logger.removeFilter(line_batch(logger))
     logger.addFilter(LineBatch())  # the log events' lines wait here (a run's logger hooks add them)
     logger.setLevel(level if rank == 0 else logging.WARNING)
     formatter = logging.Formatter(_FORMAT)
@@ -82,7 +82,8 @@ def start_log_file(logger):
 
 
 def close_logger(logger):
-    for batch in [f for f in logger.filters if type(f) is LineBatch]:
+    batch = line_batch(logger)
+    if batch is not None:
         batch.flush()
         logger.removeFilter(batch)
     for handler in list(logger.handlers):
@@ -131,13 +132,13 @@ def batch_of(logger):
     lines may wait in it: a logger :func:`create_logger` made, whose handlers (checked again
     whenever the list changes) are all its own as it made them (a user's handler gets each
     record at its event). Else None."""
-    for batch in logger.filters:
-        if type(batch) is LineBatch:
-            if logger.handlers != batch.handlers_seen:
-                batch.handlers_seen = list(logger.handlers)
-                batch.all_own = all(_direct(handler) is not None for handler in batch.handlers_seen)
-            return batch if batch.all_own else None
-    return None
+    batch = line_batch(logger)
+    if batch is None:
+        return None
+    if logger.handlers != batch.handlers_seen:
+        batch.handlers_seen = list(logger.handlers)
+        batch.all_own = all(_direct(handler) is not None for handler in batch.handlers_seen)
+    return batch if batch.all_own else None
 
 
 def _foreign_filters(logger):
