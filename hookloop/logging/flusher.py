@@ -9,15 +9,18 @@ same thread in batches (:mod:`~hookloop.logging.line_batch`).
 
 Nothing of a run that ends is lost: a file is flushed when it is unregistered (its owner closes
 it), :func:`flush_logs` runs before the ``after_run`` hooks (which may copy or upload the logs),
-and before a ``fork`` (a child must not inherit unwritten lines it could write twice). A
-process killed with ``SIGKILL`` loses at most the last :data:`FLUSH_SECONDS` of lines.
+before a ``fork`` (a child must not inherit unwritten lines it could write twice), and at the
+interpreter's exit. A process killed with ``SIGKILL`` loses at most the last
+:data:`FLUSH_SECONDS` of lines.
 
 A registered object needs a thread-safe ``flush()``: a ``logging.Handler`` (its ``flush``
 takes the handler's lock, which its writers hold too), a binary buffered file, or a
 :class:`~hookloop.logging.line_batch.LineBatch`.
 """
+import atexit
 import os
 import threading
+import traceback
 
 FLUSH_SECONDS = 1.0
 
@@ -74,6 +77,40 @@ def _flush(target):
         target.flush()
     except (OSError, ValueError):  # a full disk, a closed file: its owner reports it on its next write
         pass
+    except Exception:  # a bug: say so, and go on flushing (the thread must not die of it)
+        traceback.print_exc()
 
 
-os.register_at_fork(before=flush_logs)
+def _stop_at_exit():
+    """At the interpreter's exit (before ``logging.shutdown``, registered after it): everything
+    written, and the thread stopped, so it never holds a lock that the shutdown waits for."""
+    global _thread
+    with _lock:
+        for target in _files:
+            _flush(target)
+        thread, _thread = _thread, None
+        if thread is not None:
+            _stop.set()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=10)
+
+
+def _before_fork():
+    """Everything written, and the lock held across the fork: the flusher's thread is then
+    between two flushes, holding no lock that a child (which has no such thread) would wait for."""
+    _lock.acquire()
+    for target in _files:
+        _flush(target)
+
+
+def _after_fork_in_child():
+    global _lock, _thread
+    _lock, _thread = threading.Lock(), None  # (the parent's thread is not in the child)
+    for target in _files:
+        reinit = getattr(target, '_at_fork_reinit', None)
+        if reinit is not None:
+            reinit()
+
+
+atexit.register(_stop_at_exit)
+os.register_at_fork(before=_before_fork, after_in_parent=_lock.release, after_in_child=_after_fork_in_child)

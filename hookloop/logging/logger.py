@@ -14,21 +14,23 @@ def create_logger(work_dir, timestamp, rank=0, level='INFO'):
     """A fresh logger for one trainer. Other ranks print warnings and errors only."""
     logger = logging.getLogger(f'hookloop.{timestamp}.{id(work_dir)}')
     logger.propagate = False
+    if line_batch(logger) is not None:
+        line_batch(logger).flush()  # an earlier trainer's lines, to its handlers
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
-    if line_batch(logger) is not None:
-        logger.removeFilter(line_batch(logger))
-    logger.addFilter(LineBatch())  # the log events' lines wait here (a run's logger hooks add them)
+    batch = logger.hookloop_lines = LineBatch()  # the log events' lines wait here (see line_batch)
     logger.setLevel(level if rank == 0 else logging.WARNING)
     formatter = logging.Formatter(_FORMAT)
     formatter.hookloop_line = True  # lines for this formatter may be written by :func:`info_line`
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(formatter)
+    stream.addFilter(batch)
     logger.addHandler(stream)
     if rank == 0 and work_dir is not None:
         file_handler = DeferredFileHandler(os.path.join(work_dir, f'{timestamp}.log'))
         file_handler.setFormatter(formatter)
+        file_handler.addFilter(batch)
         logger.addHandler(file_handler)
     return logger
 
@@ -82,10 +84,8 @@ def start_log_file(logger):
 
 
 def close_logger(logger):
-    batch = line_batch(logger)
-    if batch is not None:
-        batch.flush()
-        logger.removeFilter(batch)
+    if line_batch(logger) is not None:
+        line_batch(logger).flush()
     for handler in list(logger.handlers):
         handler.flush()
         handler.close()
@@ -102,7 +102,7 @@ def _direct(handler):
     """The stream handler that writes the lines of one of :func:`create_logger`'s own
     handlers, when a line can be written to its stream as it would write it itself, else None
     (a user's handler, or one changed since)."""
-    if handler.filters:
+    if handler.filters and _foreign(handler.filters):
         return None
     if type(handler) is DeferredFileHandler:
         handler = handler._file
@@ -120,29 +120,30 @@ def _direct(handler):
 
 
 def line_batch(logger):
-    """The :class:`~hookloop.logging.line_batch.LineBatch` :func:`create_logger` gave ``logger``, or None."""
-    for batch in logger.filters:
-        if type(batch) is LineBatch:
-            return batch
-    return None
+    """The :class:`~hookloop.logging.line_batch.LineBatch` :func:`create_logger` gave ``logger``
+    (a filter of each of its handlers), or None."""
+    return getattr(logger, 'hookloop_lines', None)
 
 
-def batch_of(logger):
-    """The :class:`~hookloop.logging.line_batch.LineBatch` of ``logger`` when a log event's
-    lines may wait in it: a logger :func:`create_logger` made, whose handlers (checked again
-    whenever the list changes) are all its own as it made them (a user's handler gets each
-    record at its event). Else None."""
-    batch = line_batch(logger)
-    if batch is None:
+def deferrable(logger):
+    """The handlers a log event's line goes to, as ``(handler, stream handler)`` pairs, when the
+    line may wait in the logger's :class:`~hookloop.logging.line_batch.LineBatch`: every handler
+    of ``logger`` is one of :func:`create_logger`'s own, as it made them. Else None (a user's
+    handler gets each record at its event)."""
+    if line_batch(logger) is None or logger.filters or logger.disabled or not logger.handlers:
         return None
-    if logger.handlers != batch.handlers_seen:
-        batch.handlers_seen = list(logger.handlers)
-        batch.all_own = all(_direct(handler) is not None for handler in batch.handlers_seen)
-    return batch if batch.all_own else None
+    handlers = []
+    for handler in logger.handlers:
+        direct = _direct(handler)
+        if direct is None:
+            return None
+        if logging.INFO >= handler.level:
+            handlers.append((handler, direct))
+    return handlers
 
 
-def _foreign_filters(logger):
-    return any(type(f) is not LineBatch for f in logger.filters)
+def _foreign(filters):
+    return any(type(f) is not LineBatch for f in filters)
 
 
 def _asctime(created, converter):
@@ -153,18 +154,17 @@ def _asctime(created, converter):
     return _MSEC_FORMAT % (cached[2], int((created - second) * 1000))
 
 
-def info_line(logger, message, created=None):
-    """``logger.info(message)`` for a run's logger, cheaper (a log event's line), stamped
-    ``created`` (a ``time.time()``; default: now).
+def info_line(logger, message):
+    """``logger.info(message)`` for a run's logger, cheaper (a log event's line).
 
     The handlers :func:`create_logger` made get the line they would write, formatted once for
     all of them, without a ``LogRecord``; any other handler (a user's) gets the record as
     usual, with the same creation time. A logger or handler changed in a way this does not
-    reproduce (a filter of its own, another formatter or level) takes the standard path."""
+    reproduce (filters, another formatter or level) takes the standard path."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    if logger.disabled or not logger.handlers or (logger.filters and _foreign_filters(logger)):
-        logger.handle(_record(logger, message, created, sys._getframe(1)))
+    if logger.filters or logger.disabled or not logger.handlers:
+        logger.info(message, stacklevel=2)
         return
     handlers, record = [], None
     for handler in logger.handlers:
@@ -172,11 +172,16 @@ def info_line(logger, message, created=None):
             direct = _direct(handler)
             handlers.append((handler, direct))
             if direct is None and record is None:
-                record = _record(logger, message, created, sys._getframe(1))
-    if record is not None:
-        created = record.created
-    elif created is None:
-        created = time.time()
+                frame = sys._getframe(1)
+                record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno,
+                                           message, (), None, frame.f_code.co_name)
+    write_line(logger, handlers, message, time.time() if record is None else record.created, record)
+
+
+def write_line(logger, handlers, message, created, record=None):
+    """Write the line of ``logger.info(message)`` made at ``created`` to ``handlers``, the
+    ``(handler, stream handler)`` pairs of :func:`deferrable` (a handler whose pair is None gets
+    ``record``): the log event's line, now or from its batch."""
     line = converter = None
     for handler, direct in handlers:
         if direct is None:
@@ -192,18 +197,7 @@ def info_line(logger, message, created=None):
                     direct.stream.flush()
         except RecursionError:
             raise
-        except Exception:  # as logging.StreamHandler.emit does
+        except Exception:  # as logging.StreamHandler.emit does (also: a handler closed since the event)
             if record is None:
-                record = _record(logger, message, created, sys._getframe(0))
+                record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, (), None, 'info_line')
             handler.handleError(record)
-
-
-def _record(logger, message, created, frame):
-    """The ``LogRecord`` of ``logger.info(message)`` called in ``frame``, created at ``created``."""
-    record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno,
-                               message, (), None, frame.f_code.co_name)
-    if created is not None:  # as LogRecord.__init__ derives them from its own time.time()
-        record.created = created
-        record.msecs = int((created - int(created)) * 1000) + 0.0
-        record.relativeCreated = (created - logging._startTime) * 1000
-    return record

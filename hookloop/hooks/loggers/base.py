@@ -98,6 +98,7 @@ class LoggerHook(Hook):
     # Called only at log events, which next_call names: a subclass may override them and keep the schedule.
     NEXT_CALL_COVERS = ('open', 'close', 'log', 'log_images', 'accepts_images', 'train_record',
                         'log_profile')
+    _kept_failure = None  # see keep_failure
 
     def __init__(self, interval=10, ignore_last=True, by_epoch=True):
         self.interval = _positive_int(type(self).__name__, 'interval', interval)
@@ -206,6 +207,17 @@ class LoggerHook(Hook):
         """The image channel's declaration (see :mod:`hookloop.logging.images`): open, and the
         class implements ``log_images``."""
         return self._opened and type(self).log_images is not LoggerHook.log_images
+
+    def keep_failure(self, exc):
+        """For a subclass that writes its records later, maybe on the log flusher's thread: keep
+        ``exc`` for :meth:`raise_kept_failure`, called by the subclass's next ``log``/``close``."""
+        if self._kept_failure is None:
+            self._kept_failure = exc
+
+    def raise_kept_failure(self):
+        if self._kept_failure is not None:
+            failure, self._kept_failure = self._kept_failure, None
+            raise failure
 
     # -- the destination ------------------------------------------------------------------
     def open(self, trainer):

@@ -46,21 +46,28 @@ class TensorboardLoggerHook(LoggerHook):
         flusher.register(self)
 
     def log(self, trainer, record):
+        self.raise_kept_failure()
         self._records.append(record)
 
     def flush(self):
         """Hand the records kept so far to TensorBoard's writer, in order (the flusher's call):
         one event with every scalar of a record (what ``add_scalar`` writes one event each for:
         the same tags, values and step for every reader, at a fraction of the cost)."""
+        records = self._records
+        if not records:
+            return
         with self._handing_over:
-            records, Summary = self._records, self._summary
-            if records:
-                add, value_of = self.writer._get_file_writer().add_summary, Summary.Value
+            Summary = self._summary
+            add, value_of = self.writer._get_file_writer().add_summary, Summary.Value
             while records:  # (popleft: the loop may append meanwhile)
                 record = records.popleft()
                 mode = record['mode']
-                values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
-                          for key, value in self.metrics_of(record).items()]
+                try:
+                    values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
+                              for key, value in self.metrics_of(record).items()]
+                except OverflowError as exc:  # an int too large for a float
+                    self.keep_failure(exc)  # (maybe on the flusher's thread) raised by the next log or close
+                    continue
                 if values:
                     add(Summary(value=values), record['iter'])
 
@@ -72,3 +79,4 @@ class TensorboardLoggerHook(LoggerHook):
     def close(self, trainer):
         flusher.unregister(self)  # (its flush hands over what is left)
         self.writer.close()
+        self.raise_kept_failure()

@@ -5,11 +5,9 @@ import logging
 import os
 import shutil
 import time
-from collections import deque
 
 from ...logging import flusher
-from ...logging.line_batch import LineBatch
-from ...logging.logger import batch_of, info_line, line_batch
+from ...logging.logger import deferrable, info_line, line_batch, write_line
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir
 
@@ -67,10 +65,7 @@ class TextLoggerHook(LoggerHook):
         self.interval_exp_name = interval_exp_name
         self.json_path = None
         self._json_file = None  # open while the logger is: one buffered write per record, not an open and a close
-        # The events not written yet: (time, record, ETA seconds, iterations of the line's count,
-        # shown at INFO), written in batches (hookloop.logging.line_batch) by _write_unwritten.
-        self._unwritten = deque()
-        self._logger = self._batch = self._failure = None
+        self._logger = self._batch = None  # the run's logger and its LineBatch (hookloop.logging.line_batch)
         self._start_iter = None
         self._time_sum = 0.0  # sum of logged ``time`` averages x interval: the ETA's basis
         self._wall_start = time.perf_counter()
@@ -90,8 +85,9 @@ class TextLoggerHook(LoggerHook):
                           'exp_name': self.exp_name})
         self._wall_start = time.perf_counter()
         self._logger = trainer.logger
-        self._batch = line_batch(trainer.logger) or LineBatch()  # (a logger of a user's: written at once)
-        self._batch.add_writer(self._write_unwritten)
+        self._batch = line_batch(trainer.logger)  # None: a logger of a user's, written at once
+        if self._batch is not None:
+            self._batch.join()
 
     def before_train_epoch(self, trainer):
         super().before_train_epoch(trainer)
@@ -99,44 +95,42 @@ class TextLoggerHook(LoggerHook):
             self._start_iter = self._last_iter = trainer.iter
 
     def log(self, trainer, record):
-        self._raise_failure()
+        self.raise_kept_failure()
         logger = self._logger
         shown = logger.isEnabledFor(logging.INFO)  # below INFO no line is formatted at all
-        eta = None
+        eta = count = None
         if record['mode'] == 'train':
             n = self.interval_exp_name
             if n and record['iter'] // n > self._last_iter // n:  # crossed a multiple of n
                 logger.info('Exp name: %s', self.exp_name)  # (the lines before it are written first)
             eta = self.eta_seconds(trainer, record)  # now: it keeps the sum of logged times
+            count = trainer.epoch_length if self.by_epoch else trainer.max_iters
             self._last_iter = record['iter']
-        count = trainer.epoch_length if self.by_epoch else trainer.max_iters
-        self._unwritten.append((time.time(), record, eta, count, shown))
-        if batch_of(logger) is None:  # a user's handler: it gets the record at its event
-            self._batch.write_now(self._write_unwritten)
-            self._raise_failure()
-
-    def log_profile(self, trainer, record):
-        self._batch.write_now(self._write_unwritten)
-        self._raise_failure()
+        handlers = deferrable(logger) if self._batch is not None else None
+        if handlers is not None:  # the line and the JSON record wait for the next batch
+            self._batch.defer(self._write_later, time.time(), record, eta, count, handlers if shown else None)
+            return
+        if self._batch is not None:
+            self._batch.flush()  # the lines logged before this one
+        if shown:
+            info_line(logger, self._line(record, eta, count))  # a user's handler gets the record now
         self._write_json(record)
 
-    def _write_unwritten(self):
-        """Write the events' lines and JSON records so far, in order (the line batch's writer:
-        on the flusher's thread, or on the run's when something must come after them)."""
-        queue = self._unwritten
-        try:
-            while queue:
-                created, record, eta, count, shown = queue.popleft()
-                if shown:
-                    info_line(self._logger, self._line(record, eta, count), created)
-                self._write_json(record)
-        except Exception as exc:  # (maybe on the flusher's thread) raised by this hook's next call
-            self._failure = exc
+    def log_profile(self, trainer, record):
+        if self._batch is not None:
+            self._batch.flush()
+        self.raise_kept_failure()
+        self._write_json(record)
 
-    def _raise_failure(self):
-        if self._failure is not None:
-            failure, self._failure = self._failure, None
-            raise failure
+    def _write_later(self, created, record, eta, count, handlers):
+        """A log event's line (to the handlers of its event; None: not shown) and JSON record,
+        from a batch: maybe on the flusher's thread, so a failure waits for this hook's next call."""
+        try:
+            if handlers is not None:
+                write_line(self._logger, handlers, self._line(record, eta, count), created)
+            self._write_json(record)
+        except Exception as exc:
+            self.keep_failure(exc)
 
     def _line(self, record, eta, count):
         if record['mode'] == 'train':
@@ -186,13 +180,13 @@ class TextLoggerHook(LoggerHook):
 
     def close(self, trainer):
         if self._batch is not None:
-            self._batch.remove_writer(self._write_unwritten)  # writes what is left
+            self._batch.leave()  # writes what waits
             self._batch = None
         if self._json_file is not None:
             flusher.unregister(self._json_file)
             self._json_file.close()
             self._json_file = None
-        self._raise_failure()
+        self.raise_kept_failure()
         if not self.out_dir:
             return
         target = os.path.join(self.out_dir, os.path.basename(trainer.work_dir))
