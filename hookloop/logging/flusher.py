@@ -47,15 +47,13 @@ def register(target, first=False):
 
 def unregister(target):
     """Flush ``target`` and stop flushing it; the thread ends with the last file."""
-    global _thread
     thread = None
     with _lock:
         if target in _files:
             _files.remove(target)
             _flush(target)
-        if not _files and _thread is not None:
-            thread, _thread = _thread, None
-            _stop.set()
+        if not _files:
+            thread = _stop_thread()
     if thread is not None and thread is not threading.current_thread():
         thread.join()
 
@@ -63,8 +61,21 @@ def unregister(target):
 def flush_logs():
     """Flush every registered file now."""
     with _lock:
-        for target in _files:
-            _flush(target)
+        _flush_all()
+
+
+def _flush_all():  # (with _lock held)
+    for target in _files:
+        _flush(target)
+
+
+def _stop_thread():
+    """Tell the thread to end (with _lock held); returns it, to join outside the lock."""
+    global _thread
+    thread, _thread = _thread, None
+    if thread is not None:
+        _stop.set()
+    return thread
 
 
 def _run(stop):
@@ -84,13 +95,9 @@ def _flush(target):
 def _stop_at_exit():
     """At the interpreter's exit (before ``logging.shutdown``, registered after it): everything
     written, and the thread stopped, so it never holds a lock that the shutdown waits for."""
-    global _thread
     with _lock:
-        for target in _files:
-            _flush(target)
-        thread, _thread = _thread, None
-        if thread is not None:
-            _stop.set()
+        _flush_all()
+        thread = _stop_thread()
     if thread is not None and thread is not threading.current_thread():
         thread.join(timeout=10)
 
@@ -99,8 +106,7 @@ def _before_fork():
     """Everything written, and the lock held across the fork: the flusher's thread is then
     between two flushes, holding no lock that a child (which has no such thread) would wait for."""
     _lock.acquire()
-    for target in _files:
-        _flush(target)
+    _flush_all()
 
 
 def _after_fork_in_child():

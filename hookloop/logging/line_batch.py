@@ -17,7 +17,7 @@ and at once wherever order or completeness is at stake:
 
 A line waits only while every handler of the logger is one of
 :func:`~hookloop.logging.logger.create_logger`'s own, as it made them
-(:func:`~hookloop.logging.logger.batch_of`, checked at every event): a user's handler gets each
+(:func:`~hookloop.logging.logger.deferrable`, checked at every event): a user's handler gets each
 record at its event, as ``logger.info`` gives it. A line is written to the handlers of its
 event only, whatever the logger's level or handlers have become since.
 """

@@ -14,8 +14,9 @@ def create_logger(work_dir, timestamp, rank=0, level='INFO'):
     """A fresh logger for one trainer. Other ranks print warnings and errors only."""
     logger = logging.getLogger(f'hookloop.{timestamp}.{id(work_dir)}')
     logger.propagate = False
-    if line_batch(logger) is not None:
-        line_batch(logger).flush()  # an earlier trainer's lines, to its handlers
+    earlier = line_batch(logger)
+    if earlier is not None:
+        earlier.flush()  # an earlier trainer's lines, to its handlers
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
