@@ -91,21 +91,21 @@ PLAIN_MODE = {'accum2_50': 'accum2', 'fp16_50': 'fp16'}  # the plain loop each h
 PERIOD = {'accum2': 2, 'accum2_50': 2}
 clock = time.perf_counter
 LOG_LEVEL = 'INFO'  # --log-level
-batch_seconds = [0.0]  # time in LineBatch writes, on any thread
+batch_seconds = [0.0]  # time in LineBatch flushes, on any thread
 
 
-def _timed_batch_write(write):
-    @functools.wraps(write)
-    def timed(self, writers):
+def _timed_flush(flush):
+    @functools.wraps(flush)
+    def timed(self):
         start = time.perf_counter()
         try:
-            return write(self, writers)
+            return flush(self)
         finally:
             batch_seconds[0] += time.perf_counter() - start
     return timed
 
 
-LineBatch._write = _timed_batch_write(LineBatch._write)  # every batch goes through it
+LineBatch.flush = _timed_flush(LineBatch.flush)  # every waiting line is written through it
 
 
 class Loss(nn.Module):
