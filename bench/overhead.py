@@ -28,6 +28,8 @@ gaps, which include the log events' and checkpoints' share: what a user's run pa
 ``framework_cycle_us`` the mean over a log cycle of the median gap at each of its positions
 (less the plain median): the same mean with the log events' share but not the machine's
 stalls (a 5 ms stall of a shared machine in one gap of 2000 moves a plain mean by 2.5 us).
+``positions_us``: the median gap at each position of a log cycle (the first one ends with
+the log event, the next ones show the cold caches it leaves) less the plain median.
 ``batch_us``: the seconds spent writing the log events' lines in batches
 (``hookloop.logging.line_batch``, mostly on the flusher's thread, partly after the timed
 iterations), per hookloop iteration: the gaps hold some of it, so a user pays at most
@@ -35,7 +37,14 @@ iterations), per hookloop iteration: the gaps hold some of it, so a user pays at
 mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
 ``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
+``records``: the train records the loggers built in a round (one per log event).
+``--event`` is an ablation, to see where a log event's time goes: ``full`` (default) runs the
+loggers as they are; ``mark`` has them only take their mark at a log event (the meters' sources
+hand over their values: no summary, record or line); ``none`` makes their ``after_train_iter`` a
+no-op (what is left is the walk that calls them: the floor of any log event on this loop).
+
     python bench/overhead.py                                   # default mode, tiny and mlp
+    python bench/overhead.py --models tiny --event none        # the walk alone
     python bench/overhead.py --models tiny --modes default50,accum2_50,tensorboard50 --rounds 5
 """
 import argparse
@@ -54,6 +63,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from hookloop import Hook, Trainer
+from hookloop.hooks.loggers.base import LoggerHook
 from hookloop.hooks.order import HookOrderWarning
 from hookloop.logging.line_batch import LineBatch
 
@@ -106,6 +116,18 @@ def _timed_flush(flush):
 
 
 LineBatch.flush = _timed_flush(LineBatch.flush)  # every waiting line is written through it
+records = [0]  # train records built (the log events that ran in full)
+
+
+def _counted(train_record):
+    @functools.wraps(train_record)
+    def counted(self, trainer, summary):
+        records[0] += 1
+        return train_record(self, trainer, summary)
+    return counted
+
+
+LoggerHook.train_record = _counted(LoggerHook.train_record)
 
 
 class Loss(nn.Module):
@@ -207,14 +229,25 @@ def gaps_us(stamps, skip, period=1, phases=None):
     return gaps
 
 
-def cycle_mean(gaps, indices, cycle):
-    """The mean over one log cycle of the median gap at each position of the cycle: the
-    mean per iteration with the log events' share, robust to a shared machine's stalls
-    (which land in a few gaps and move a plain mean by more than the events do)."""
+def position_medians(gaps, indices, cycle):
+    """The median gap at each position of a log cycle (position 0: the gap that holds the event).
+    Their mean is the mean per iteration with the log events' share, robust to a shared
+    machine's stalls (which land in a few gaps and move a plain mean by more than the events do)."""
     by_phase = {}
     for gap, index in zip(gaps, indices):
         by_phase.setdefault(index % cycle, []).append(gap)
-    return statistics.mean(statistics.median(v) for v in by_phase.values())
+    return [statistics.median(by_phase[position]) for position in sorted(by_phase)]
+
+
+def ablate_event(event):
+    """``--event``: what the loggers do at a log event (see the module docstring)."""
+    if event == 'full':
+        return
+
+    def after_train_iter(self, trainer):
+        if event == 'mark' and self.should_log(trainer):
+            self._mark = trainer.meters.mark()
+    LoggerHook.after_train_iter = after_train_iter
 
 
 def one_round(mode, build, initial, data, batch, block, skip):
@@ -225,7 +258,7 @@ def one_round(mode, build, initial, data, batch, block, skip):
         model.stamps = []
         models.append(model)
     loader = lambda: DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)  # noqa: E731
-    batch_seconds[0] = 0.0
+    batch_seconds[0], records[0] = 0.0, 0
     # At INFO (the default a user gets) the terminal lines are written as for a user, to /dev/null
     # here: the run's stream handler keeps the stdout it was built with.
     with open(os.devnull, 'w') as terminal, contextlib.redirect_stdout(terminal):
@@ -245,8 +278,9 @@ def one_round(mode, build, initial, data, batch, block, skip):
     plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period, indices)
     cycle = MODES[mode].get('log_config', {}).get('interval', 10)
     iterations = sum(stamp is not None for stamp in models[1].stamps)
+    positions = position_medians(hooked, indices, cycle)
     return (statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked),
-            cycle_mean(hooked, indices, cycle), batch_seconds[0] * 1e6 / iterations)
+            statistics.mean(positions), batch_seconds[0] * 1e6 / iterations, positions, records[0])
 
 
 def run(model_name, mode, rounds, iters, block):
@@ -267,6 +301,9 @@ def run(model_name, mode, rounds, iters, block):
             'framework_mean_us': round(statistics.median(r[3] - r[2] for r in results), 1),
             'framework_cycle_us': round(statistics.median(r[4] - r[0] for r in results), 1),
             'batch_us': round(statistics.median(r[5] for r in results), 1),
+            'records': results[-1][7],
+            'positions_us': [round(statistics.median(r[6][k] - r[0] for r in results), 1)
+                             for k in range(min(len(r[6]) for r in results))],
             'load': round(os.getloadavg()[0], 1)}
 
 
@@ -284,14 +321,17 @@ def main():
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--log-level', default='INFO', help="the run's log level (INFO: the default, lines to /dev/null)")
     parser.add_argument('--clock', choices=('wall', 'thread'), default='wall')
+    parser.add_argument('--event', choices=('full', 'mark', 'none'), default='full',
+                        help='what the loggers do at a log event (an ablation; see above)')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == 'thread' else time.perf_counter
     LOG_LEVEL = args.log_level
+    ablate_event(args.event)
     for name in args.models.split(','):
         for mode in args.modes.split(','):
             mode = ALIASES.get(mode, mode)
-            print(json.dumps(run(name, mode, args.rounds, args.iters, args.block)), flush=True)
+            print(json.dumps(dict(run(name, mode, args.rounds, args.iters, args.block), event=args.event)), flush=True)
 
 
 if __name__ == '__main__':
