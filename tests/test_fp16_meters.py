@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import hookloop.hooks.optimizer as optimizer_module
-from hookloop import Trainer
+from hookloop import Hook, Trainer
 import hookloop.optim.scale_book as scale_book_module
 from hookloop.optim.scale_book import ScaleBook as _ScaleBook
 from conftest import Regressor, regression_data
@@ -111,3 +111,70 @@ def test_optimizers_that_skip_steps_themselves_keep_the_per_step_way():
     book.close()
     optimizer._step_supports_amp_scaling = True  # what the fused optimizers declare
     assert _ScaleBook.attach(scaler, optimizer, static=False) is None
+
+
+def _optimizer_hook(trainer):
+    return next(h for h in trainer.hooks if h.name == 'OptimizerHook')
+
+
+class _Fails(Hook):
+    def after_train_iter(self, trainer):
+        if trainer.iter == 2:
+            raise RuntimeError('a hook fails')
+
+
+@pytest.mark.parametrize('fails', [False, True])
+def test_the_users_optimizer_keeps_no_hook_of_the_run(tmp_path, fails):
+    """The step hook that counts fp16's steps is taken off the optimizer when the run ends, also
+    when it ends in an error: the user's optimizer outlives the trainer."""
+    model = Regressor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainer = Trainer(model, optimizer=optimizer, train_dataloader=DataLoader(regression_data(), batch_size=4),
+                      max_epochs=1, work_dir=str(tmp_path), seed=0, device='cpu', log_level='WARNING',
+                      optimizer_config=dict(precision='fp16'), custom_hooks=[_Fails()] if fails else [])
+    if fails:
+        with pytest.raises(RuntimeError, match='a hook fails'):
+            trainer.train()
+    else:
+        trainer.train()
+    trainer.close()
+    assert _optimizer_hook(trainer).processor._scale_book is not None  # the book was used
+    assert not optimizer._optimizer_step_post_hooks
+
+
+class _StopAt(Hook):
+    def __init__(self, at):
+        self.at = at
+
+    def after_train_iter(self, trainer):
+        if trainer.iter + 1 == self.at:
+            trainer.request_stop('test')
+
+
+def test_a_later_run_counts_its_steps_again(tmp_path, monkeypatch):
+    """A ``train()`` after a stop puts the step hook back: its meters are the per-step way's,
+    bitwise, and copy the scale only where it changes (not at every step)."""
+    copies = []
+    original = optimizer_module.scale_tensor
+    for module in (optimizer_module, scale_book_module):
+        monkeypatch.setattr(module, 'scale_tensor', lambda scaler: copies.append(1) or original(scaler))
+
+    def two_runs(work_dir):
+        torch.manual_seed(0)
+        trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05, momentum=0.9),
+                          train_dataloader=DataLoader(regression_data(), batch_size=4), max_epochs=3,
+                          work_dir=str(work_dir), seed=0, device='cpu', log_level='WARNING',
+                          optimizer_config=dict(precision='fp16', **CASES['dynamic']),
+                          custom_hooks=[_StopAt(7)])
+        trainer.train()
+        copies.clear()
+        trainer.train()  # goes on from iteration 7
+        trainer.close()
+        trainer.meters.keys()
+        return [float(v) for v in trainer.meters._values['loss_scale']], len(copies)
+
+    scales, book_copies = two_runs(tmp_path / 'new')
+    per_step_way(monkeypatch)
+    want, step_copies = two_runs(tmp_path / 'old')
+    assert scales == want
+    assert book_copies < step_copies  # the second run took the book's way, not the per-step one

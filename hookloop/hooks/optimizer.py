@@ -39,7 +39,7 @@ from .base import NEVER, Hook
 from .blind_spots import schedule_blind_spots
 
 # Processor methods whose override does not change when the iteration stages have work.
-PROCESSOR_SAFE = ('initialize_optimizer', 'state_dict', 'load_state_dict')
+PROCESSOR_SAFE = ('initialize_optimizer', 'before_run', 'after_run', 'state_dict', 'load_state_dict')
 
 
 class OptimizerProcessor:
@@ -50,7 +50,8 @@ class OptimizerProcessor:
     ``setup``, once per trainer), ``before_forward(trainer, cumulative_iters)``
     (before_train_iter; sets ``trainer.step.forward_context``),
     ``backward(trainer, loss_keys, cumulative_iters, grad_clip)`` (after_train_iter; must
-    honour ``trainer.step.skipped``), and optionally ``state_dict()``/``load_state_dict()``
+    honour ``trainer.step.skipped``), and optionally ``state_dict()``/``load_state_dict()``,
+    ``before_run(trainer)``/``after_run(trainer)`` (every run's start and end, however it ends)
     and ``next_call(trainer, stage, start, cumulative_iters)`` (as :meth:`hookloop.Hook.next_call`;
     without it both stages run at every iteration).
 
@@ -128,6 +129,16 @@ class OptimizerProcessor:
             return stack
         return {True: at_end, False: inside_window}
 
+    def before_run(self, trainer):
+        """A run starts (after ``initialize_optimizer``, and again for every later ``train()``)."""
+        if self._scale_book is not None:
+            self._scale_book.open()
+
+    def after_run(self, trainer):
+        """The run ended, however: the user's optimizer keeps no step hook of hookloop's."""
+        if self._scale_book is not None:
+            self._scale_book.close()
+
     # -- the step --------------------------------------------------------------------------
     def next_call(self, trainer, stage, start, cumulative_iters=1):
         """``before_forward`` only matters where the forward context changes along a window."""
@@ -187,6 +198,8 @@ class OptimizerProcessor:
             optimizer.step()
             return
         book = self._scale_book
+        if book is not None and not book.is_open:
+            book = None  # a step outside a run (the step hook is off): the per-step way
         if book is not None:
             ran = book.steps_ran
         scaler.step(optimizer)  # one host sync inside torch: skip the step on inf/NaN gradients
@@ -340,6 +353,16 @@ class OptimizerHook(Hook):
     def setup(self, trainer):
         trainer.step.accumulation = self.cumulative_iters
         self.processor.initialize_optimizer(trainer)
+
+    def before_run(self, trainer):
+        start = getattr(self.processor, 'before_run', None)  # (optional in a processor's API)
+        if start is not None:
+            start(trainer)
+
+    def after_run(self, trainer):
+        end = getattr(self.processor, 'after_run', None)
+        if end is not None:
+            end(trainer)
 
     def next_call(self, trainer, stage, start):
         ask = getattr(self.processor, 'next_call', None)

@@ -16,11 +16,16 @@ class ScaleBook:
     tensor of the run of skipped steps, so the meters hold, step by step, the very values the
     per-step copies held. An optimizer that skips steps itself (``_step_supports_amp_scaling``,
     the fused ones) or has no step hooks keeps the per-step way (:meth:`attach` gives None).
+
+    The step hook is on the user's optimizer only while hookloop steps it: from :meth:`attach`
+    or :meth:`open` (a run starts) to :meth:`close` (the run ends, however); a step made while
+    it is off (``is_open`` False) takes the per-step way.
     """
 
     def __init__(self, scaler, optimizer, static):
         self.scaler, self.static = scaler, static
         self.steps_ran = 0
+        self._optimizer = optimizer
         self._handle = optimizer.register_step_post_hook(self._ran)
         self._dynamic = not static and scaler.is_enabled()
         self._interval = scaler.get_growth_interval() if self._dynamic else 0
@@ -40,8 +45,22 @@ class ScaleBook:
     def _ran(self, optimizer, args, kwargs):
         self.steps_ran += 1
 
+    @property
+    def is_open(self):
+        return self._handle is not None
+
+    def open(self):
+        """Count the optimizer's steps again (a later run starts), from the scaler's state as it is
+        now: something may have changed it between the runs."""
+        if self._handle is None:
+            self._handle = self._optimizer.register_step_post_hook(self._ran)
+            self.loaded(self.scaler.state_dict())
+
     def close(self):
-        self._handle.remove()
+        """Take the step hook off the optimizer (the user's object outlives the run)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
 
     def loaded(self, scaler_state):
         """The scaler's state was replaced (a checkpoint): follow its tracker, copy its scale."""
