@@ -18,8 +18,10 @@ from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from resume_helpers import ROOT, _context, _run_cli, assert_states_equal, kill_leftovers
 
 EXAMPLE = os.path.join(ROOT, 'configs', 'digits_mlp.py')
-# Two short epochs, a log line every 5 iterations (the test waits for the first one).
-OPTIONS = ['max_epochs=2', 'log_config.interval=5']
+# A log line every 5 iterations; the test waits for the first one, which reaches the .log file
+# at the first flush point (the end of epoch 1 at the latest): eight short epochs leave the
+# signal time to land while training runs (with two, the second could end first).
+OPTIONS = ['max_epochs=8', 'log_config.interval=5']
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +62,7 @@ def example_reference(tmp_path_factory):
                          str(work_dir / 'out.txt'))
     process.join(300)
     assert process.exitcode == 0, open(work_dir / 'out.txt').read()[-3000:]
-    return final_tensors(str(work_dir / 'epoch_2.pth'))
+    return final_tensors(str(work_dir / 'epoch_8.pth'))
 
 
 @pytest.mark.slow
@@ -85,7 +87,7 @@ def test_signal_to_the_shipped_example_saves_exits_zero_and_resumes_exactly(tmp_
     resumed = forked_cli(argv, str(tmp_path / 'second.txt'))
     resumed.join(300)
     assert resumed.exitcode == 0, open(tmp_path / 'second.txt').read()[-3000:]
-    assert_states_equal(final_tensors(str(work_dir / 'epoch_2.pth')), example_reference)
+    assert_states_equal(final_tensors(str(work_dir / 'epoch_8.pth')), example_reference)
 
 
 class SignalAt(Hook):
