@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hookloop.compat.mmcv import EpochBasedRunner, IterBasedRunner, build_optimizers, build_runner, get_logger, \
     load_checkpoint
+from hookloop.errors import ConfigError
 
 
 class TinyGAN(nn.Module):
@@ -200,6 +201,38 @@ def test_train_step_model_matches_plain_loop(tmp_path):
             optimizer.step()
     for key, value in reference.state_dict().items():
         assert torch.equal(value, model.state_dict()[key]), key
+    runner.close()
+
+
+def test_runner_model_assigned_before_the_run_is_the_one_trained(tmp_path):
+    """MMCV scripts assign ``runner.model`` before ``run()``: that model's ``train_step`` runs,
+    with the optimizer built over its parameters; the first model is left alone. Once a run has
+    begun the model stays (one clear line)."""
+    torch.manual_seed(0)
+    model, reference, placeholder = Model(), Model(), nn.Linear(4, 2)
+    reference.load_state_dict(model.state_dict())
+    untouched = {k: v.clone() for k, v in placeholder.state_dict().items()}
+    x = torch.randn(32, 4)
+    data = TensorDataset(x, (x.sum(1) > 0).long())
+    runner = EpochBasedRunner(placeholder, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                              work_dir=str(tmp_path), max_epochs=1, logger=logging.getLogger('test'))
+    runner.register_training_hooks(lr_config=None, optimizer_config=dict(grad_clip=None))
+    with pytest.raises(ConfigError, match='torch.nn.Module'):
+        runner.model = 'not a model'
+    runner.model = model
+    assert runner.model is model
+    runner.run([DataLoader(data, batch_size=8)], [('train', 1)])
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for images, labels in DataLoader(data, batch_size=8):
+        optimizer.zero_grad()
+        reference.train_step((images, labels), optimizer)['loss'].backward()
+        optimizer.step()
+    for key, value in reference.state_dict().items():
+        assert torch.equal(value, model.state_dict()[key]), key
+    assert all(torch.equal(v, untouched[k]) for k, v in placeholder.state_dict().items())
+    with pytest.raises(ConfigError, match='once a run has begun'):
+        runner.model = placeholder
+    assert runner.model is model
     runner.close()
 
 

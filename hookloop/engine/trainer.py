@@ -170,6 +170,23 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.train_dataloader = build_dataloader(loader, 'train_dataloader', self.seed, self.rank, self.world_size)
         plan_run_length(self, self._given_iters_per_epoch)
 
+    def set_model(self, model):
+        """Train ``model`` (a module) instead, moved to the trainer's device: the one way to swap
+        the model after construction (MMCV scripts assign ``runner.model`` before a run). The
+        optimizer keeps the parameters it was built with, as in MMCV; the new model is not
+        compiled. Only before the first run (the hooks set up with the model keep it) and in a
+        single process (the DDP/FSDP wrapper is the old model's)."""
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f'set_model needs a torch.nn.Module, got {type(model).__name__}')
+        if self._started:
+            raise ConfigError('the model cannot be replaced once a run has begun (the hooks were set up with it); '
+                              'build a new trainer')
+        if self.world_size > 1:
+            raise ConfigError('the model cannot be replaced in a distributed run (it is wrapped for every rank); '
+                              'build a new trainer')
+        self.model = self.wrapped_model = model.to(self.device)
+        self._model_train_step = has_train_step(model)
+
     def build_val_loader(self, loader):
         """A validation loader (resumable, sharded like the trainer's) from a DataLoader or a config."""
         return build_dataloader(loader, 'val_dataloader', self.seed, self.rank, self.world_size)

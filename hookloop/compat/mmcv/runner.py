@@ -162,15 +162,8 @@ class BaseRunner:
 
     @model.setter
     def model(self, model):
-        """Swap the model before a run (MMCV scripts assign ``runner.model``); the optimizer
-        keeps the parameters it was built with, as in MMCV."""
-        trainer = self.trainer
-        if trainer.world_size > 1:
-            raise ConfigError('runner.model cannot be replaced in a distributed run; build a new runner')
-        parameters = list(model.parameters())
-        model = model.to(parameters[0].device if parameters else trainer.device)
-        trainer.model = trainer.wrapped_model = model
-        trainer._model_train_step = hasattr(model, 'train_step')
+        """Swap the model before a run (MMCV scripts assign ``runner.model``): :meth:`Trainer.set_model`."""
+        self.trainer.set_model(model)
 
     # The run's state is the Trainer's: epoch, iter, inner_iter, optimizer, logger, meta,
     # work_dir, hooks, outputs, rank, world_size, data_loader, log_buffer, register_*_hook, ...
