@@ -224,6 +224,9 @@ def test_unknown_and_forbidden_arguments_are_refused(tmp_path, pretrained):
     expect_error(tmp_path, "unexpected argument 'max_iter'.*'max_iters'", model=pretrained, max_iter=3)
     expect_error(tmp_path, 'do not pass loss_fn', model=pretrained, loss_fn=lambda o, b: o)
     expect_error(tmp_path, 'builds its own dataset', model=pretrained, train_dataloader=dict(dataset=[1]))
+    # custom_imports are imported before the model config is built: a bad entry is named there
+    expect_error(tmp_path, 'custom_imports must be module names', model=dict(type='NotRegisteredYet'),
+                 custom_imports=['hookloop.examples.digits', 3])
 
 
 def test_the_example_config_builds_and_trains(tmp_path):

@@ -1,7 +1,6 @@
 """The ``dreambooth_diffusion`` trainer's arguments, checked and turned into configs before a
 model is built: the model config (a directory picks its back-end), the instance samples, the
 resolution against the VAE factor, the back-end options and the optimizer's parameter groups."""
-import importlib
 import os
 from collections.abc import Mapping
 
@@ -83,17 +82,6 @@ def is_diffusers_backend(kind):
     if isinstance(kind, str):
         kind = MODELS.get(kind) if kind in MODELS else None
     return isinstance(kind, type) and issubclass(kind, DiffusersDreamBooth)
-
-
-def import_custom(custom_imports):
-    """Import ``custom_imports`` before the model is built (they may register its back-end)."""
-    for module in ([custom_imports] if isinstance(custom_imports, str) else custom_imports or []):
-        if not isinstance(module, str):
-            continue  # the Trainer reports what it cannot import
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f'custom_imports: cannot import {module!r}: {exc}') from None
 
 
 def with_model_options(model, options):

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from ..checkpoint.rng import get_rng_state, set_rng_state
+from ..engine.arguments import import_custom_modules
 from ..engine.builder import build_model
 from ..data.resumable import ResumableBatchSampler, mix_seed, seed_everything
 from ..dist.process_group import is_distributed
@@ -111,7 +112,7 @@ class DreamBoothDiffusionTrainer(Trainer):
         if model is None:
             raise ConfigError('dreambooth_diffusion needs model= (a local pipeline directory, a model config dict '
                               'or a back-end module)')
-        arguments.import_custom(kwargs.get('custom_imports'))  # they may register the back-end the model config names
+        import_custom_modules(kwargs.get('custom_imports'))  # they may register the back-end the model config names
         if image_interpolation_mode is not None:
             check_interpolation(image_interpolation_mode)
         if any(key not in _TRAINER_ARGS for key in kwargs):  # a clear error naming the argument
