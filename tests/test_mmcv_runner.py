@@ -193,15 +193,20 @@ def test_train_step_model_matches_plain_loop(tmp_path):
                               logger=logging.getLogger('test'))
     runner.register_training_hooks(lr_config=None, optimizer_config=dict(grad_clip=None))
     runner.run([DataLoader(data, batch_size=8)], [('train', 1)])
+    assert_plain_loop_equal(reference, model, data, epochs=2)
+    runner.close()
+
+
+def assert_plain_loop_equal(reference, model, data, epochs):
+    """``reference`` trained by a plain loop over ``data`` ends with ``model``'s weights, bitwise."""
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for _ in range(2):
+    for _ in range(epochs):
         for images, labels in DataLoader(data, batch_size=8):
             optimizer.zero_grad()
             reference.train_step((images, labels), optimizer)['loss'].backward()
             optimizer.step()
     for key, value in reference.state_dict().items():
         assert torch.equal(value, model.state_dict()[key]), key
-    runner.close()
 
 
 def test_runner_model_assigned_before_the_run_is_the_one_trained(tmp_path):
@@ -222,13 +227,7 @@ def test_runner_model_assigned_before_the_run_is_the_one_trained(tmp_path):
     runner.model = model
     assert runner.model is model
     runner.run([DataLoader(data, batch_size=8)], [('train', 1)])
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for images, labels in DataLoader(data, batch_size=8):
-        optimizer.zero_grad()
-        reference.train_step((images, labels), optimizer)['loss'].backward()
-        optimizer.step()
-    for key, value in reference.state_dict().items():
-        assert torch.equal(value, model.state_dict()[key]), key
+    assert_plain_loop_equal(reference, model, data, epochs=1)
     assert all(torch.equal(v, untouched[k]) for k, v in placeholder.state_dict().items())
     with pytest.raises(ConfigError, match='once a run has begun'):
         runner.model = placeholder

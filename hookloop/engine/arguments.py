@@ -93,6 +93,20 @@ def check_train_step_model(model, world_size, strategy):
                           'run it single-process or give the model a forward that returns the losses')
 
 
+def check_model_swap(model, started, world_size):
+    """Refuse what ``Trainer.set_model`` cannot do. The optimizer keeps the parameters it was built
+    with, as in MMCV, and the new model is not compiled; but the hooks set up with the old model keep
+    it (so only before the first run) and the DDP/FSDP wrapper is the old model's (one process only)."""
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f'set_model needs a torch.nn.Module, got {type(model).__name__}')
+    if started:
+        raise ConfigError('the model cannot be replaced once a run has begun (the hooks were set up with it); '
+                          'build a new trainer')
+    if world_size > 1:
+        raise ConfigError('the model cannot be replaced in a distributed run (it is wrapped for every rank); '
+                          'build a new trainer')
+
+
 def check_sharded_optimizer(wrapped_model, optimizer):
     """Refuse an optimizer built before FSDP sharded the parameters it holds."""
     if is_sharded_model(wrapped_model) and isinstance(optimizer, torch.optim.Optimizer):
@@ -100,5 +114,5 @@ def check_sharded_optimizer(wrapped_model, optimizer):
                           'as a config dict (e.g. dict(type="AdamW", lr=1e-3)), not a built optimizer')
 
 
-__all__ = ['argument_names', 'check_arguments', 'import_custom_modules', 'check_sharded_optimizer', 'check_resume_arguments', 'check_run_length',
+__all__ = ['argument_names', 'check_arguments', 'check_model_swap', 'import_custom_modules', 'check_sharded_optimizer', 'check_resume_arguments', 'check_run_length',
            'check_train_step_model', 'positive_int', 'run_seed']

@@ -21,8 +21,8 @@ from ..hooks.base import STAGES
 from ..logging.logger import close_logger, create_logger, start_log_file
 from ..logging.meters import MeterBuffer
 from ..registry import TRAINERS
-from .arguments import check_arguments, check_resume_arguments, check_run_length, check_sharded_optimizer, \
-    check_train_step_model, positive_int, run_seed
+from .arguments import check_arguments, check_model_swap, check_resume_arguments, check_run_length, \
+    check_sharded_optimizer, check_train_step_model, positive_int, run_seed
 from .builder import build_dataloader, build_model, build_optimizer
 from .checkpointer import Checkpointer
 from .compile import compile_model, compile_options
@@ -171,19 +171,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         plan_run_length(self, self._given_iters_per_epoch)
 
     def set_model(self, model):
-        """Train ``model`` (a module) instead, moved to the trainer's device: the one way to swap
-        the model after construction (MMCV scripts assign ``runner.model`` before a run). The
-        optimizer keeps the parameters it was built with, as in MMCV; the new model is not
-        compiled. Only before the first run (the hooks set up with the model keep it) and in a
-        single process (the DDP/FSDP wrapper is the old model's)."""
-        if not isinstance(model, torch.nn.Module):
-            raise ConfigError(f'set_model needs a torch.nn.Module, got {type(model).__name__}')
-        if self._started:
-            raise ConfigError('the model cannot be replaced once a run has begun (the hooks were set up with it); '
-                              'build a new trainer')
-        if self.world_size > 1:
-            raise ConfigError('the model cannot be replaced in a distributed run (it is wrapped for every rank); '
-                              'build a new trainer')
+        """Train ``model`` instead, on the trainer's device (MMCV's ``runner.model = ...``): the one
+        way to swap it, before the first run (see :func:`~hookloop.engine.arguments.check_model_swap`)."""
+        check_model_swap(model, self._started, self.world_size)
         self.model = self.wrapped_model = model.to(self.device)
         self._model_train_step = has_train_step(model)
 
@@ -373,16 +363,10 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             outputs = self.loss_fn(outputs, batch)
         return outputs
 
-    def _set_loader_epoch(self, loader, epoch, start_batch=0):
-        set_loader_epoch(loader, self.seed, epoch, self.rank, start_batch)
-
     # -- validation ------------------------------------------------------------------------
     def val(self):
-        """Run the validation loop once; returns (and stores in ``trainer.metrics``) the metrics.
-
-        Validation has its own counter, ``trainer.val_iter``; the training counters are
-        untouched, so validation can run in the middle of an epoch.
-        """
+        """Run the validation loop once; returns (and stores in ``trainer.metrics``) the metrics. It counts
+        ``trainer.val_iter`` and leaves the training counters alone: it may run in the middle of an epoch."""
         if self.val_dataloader is None:
             raise ConfigError('val() needs a val_dataloader')
         self.resolve_hooks()
@@ -390,7 +374,7 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         was_training = self.wrapped_model.training
         self.mode = 'val'
         self.wrapped_model.eval()
-        self._set_loader_epoch(self.val_dataloader, 0)
+        set_loader_epoch(self.val_dataloader, self.seed, 0, self.rank)
         if self.val_evaluator is not None:
             self.val_evaluator.reset()
         self.call_hook('before_val_epoch')
@@ -453,10 +437,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         return self.checkpointer.load_weights(path, strict, revise_keys)
 
     def close(self):
-        """Release the log files and the work dir's lock (the trainer cannot log afterwards),
-        after waiting for a background checkpoint write. The process group stays up for later
-        trainers in this process; it is destroyed at exit (or at once when training fails),
-        because re-creating it under torchrun is not reliable."""
+        """Wait for a background checkpoint write, release the log files and the work dir's lock (no logging
+        afterwards). The process group stays up for later trainers (re-creating it under torchrun is not
+        reliable); it is destroyed at exit, or at once when training fails."""
         try:
             self.wait_for_checkpoint()
         finally:
