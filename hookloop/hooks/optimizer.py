@@ -34,7 +34,7 @@ from ..priority import Priority
 from ..registry import HOOKS
 from ..optim.accumulation import accumulation_window
 from ..optim.step_options import check_cumulative_iters, check_grad_clip, optimized_params, total_loss
-from ..optim.scale_book import ScaleBook
+from ..optim.scale_book import ScaleBook, skipped_run
 from .base import NEVER, Hook
 from .blind_spots import schedule_blind_spots
 
@@ -204,7 +204,10 @@ class OptimizerProcessor:
             ran = book.steps_ran
         scaler.step(optimizer)  # one host sync inside torch: skip the step on inf/NaN gradients
         if book is None:
-            self._count_skipped(trainer, scaler, optimizer)
+            run = skipped_run(scaler, optimizer, self._skipped_run)  # (see hookloop/optim/scale_book.py)
+            if run is not None:  # published for the invalid-loss guard, read at log events
+                self._skipped_run = run
+                trainer.meters.update('skipped_steps', run)
         if isinstance(self.loss_scale, float):
             scaler.update(new_scale=self.loss_scale)  # static scale, kept fixed as MMCV does
         else:
@@ -213,31 +216,6 @@ class OptimizerProcessor:
             book.record(trainer.meters, book.steps_ran == ran)
         else:
             trainer.meters.update('loss_scale', scale_tensor(scaler))
-
-    def _count_skipped(self, trainer, scaler, optimizer):
-        """Publish ``skipped_steps``, the steps the scaler skipped in a row up to this one (a
-        device tensor, no host sync), read by the invalid-loss guard at log events. (The way
-        of an optimizer that skips inf/NaN steps itself, or has no step hooks: see hookloop/optim/scale_book.py.)"""
-        found = getattr(scaler, '_found_inf_per_device', None)  # filled by unscale_, reset by update()
-        try:
-            infs = found(optimizer) if found is not None else {}
-        except (KeyError, RuntimeError):
-            infs = {}
-        if len(infs) == 1:  # one device: a fresh 0./1. tensor of this step
-            skipped = next(iter(infs.values()))
-        elif infs:
-            skipped = (torch.stack([inf.reshape(()).to(self._count_device(infs)) for inf in infs.values()]).sum()
-                       > 0).float()
-        else:
-            return
-        run = self._skipped_run
-        # one kernel: skipped * (run + 1), i.e. the run goes on or restarts at 0
-        self._skipped_run = skipped if run is None else torch.addcmul(skipped, run, skipped)
-        trainer.meters.update('skipped_steps', self._skipped_run)
-
-    @staticmethod
-    def _count_device(infs):
-        return next(iter(infs.values())).device
 
     def _report_unused_params(self):
         unused = tuple(name for name, p in self.model.named_parameters() if p.requires_grad and p.grad is None)

@@ -97,4 +97,25 @@ class ScaleBook:
             self._append_scale(self._scale)
 
 
-__all__ = ['ScaleBook']
+def skipped_run(scaler, optimizer, run):
+    """The per-step way (an optimizer that skips inf/NaN steps itself, or has no step hooks): the
+    steps the scaler skipped in a row up to this one, after ``scaler.step`` and before ``update()``,
+    as a device tensor (no host sync), from ``run``, the previous step's (None at first). None when
+    the scaler says nothing about this optimizer."""
+    found = getattr(scaler, '_found_inf_per_device', None)  # filled by unscale_, reset by update()
+    try:
+        infs = found(optimizer) if found is not None else {}
+    except (KeyError, RuntimeError):
+        infs = {}
+    if len(infs) == 1:  # one device: a fresh 0./1. tensor of this step
+        skipped = next(iter(infs.values()))
+    elif infs:
+        device = next(iter(infs.values())).device
+        skipped = (torch.stack([inf.reshape(()).to(device) for inf in infs.values()]).sum() > 0).float()
+    else:
+        return None
+    # one kernel: skipped * (run + 1), i.e. the run goes on or restarts at 0
+    return skipped if run is None else torch.addcmul(skipped, run, skipped)
+
+
+__all__ = ['ScaleBook', 'skipped_run']
