@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader
 
 from conftest import train_and_close
 from hookloop import Trainer
-from hookloop.data.resumable import ResumableBatchSampler
+from hookloop.data.resumable import ResumableBatchSampler, set_loader_epoch
 from resume_helpers import AugmentedRegression, DropoutRegressor, assert_states_equal
 
 ITERS_PER_EPOCH = 5  # 40 samples, batch 8
@@ -110,7 +110,7 @@ def test_user_dataloader_is_rebuilt_and_iterators_do_not_draw_from_global_rng(tm
     trainer = make_trainer(tmp_path, num_workers=2)
     loader = trainer.train_dataloader
     assert isinstance(loader.batch_sampler, ResumableBatchSampler)
-    trainer._set_loader_epoch(loader, 1, 0)
+    set_loader_epoch(loader, trainer.seed, 1, trainer.rank, 0)
     before = torch.get_rng_state()
     batches = iter(loader)
     assert torch.equal(torch.get_rng_state(), before)
@@ -120,7 +120,7 @@ def test_user_dataloader_is_rebuilt_and_iterators_do_not_draw_from_global_rng(tm
     # The same batch from a loader with a different worker count: worker randomness is
     # seeded per batch, not per worker.
     other = make_trainer(tmp_path / 'one', num_workers=1).train_dataloader
-    trainer._set_loader_epoch(other, 1, 0)
+    set_loader_epoch(other, trainer.seed, 1, trainer.rank, 0)
     again = next(iter(other))
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
@@ -128,9 +128,9 @@ def test_user_dataloader_is_rebuilt_and_iterators_do_not_draw_from_global_rng(tm
 def test_resumed_iterator_reproduces_every_augmentation(tmp_path):
     trainer = make_trainer(tmp_path, num_workers=2)
     loader = trainer.train_dataloader
-    trainer._set_loader_epoch(loader, 2, 0)
+    set_loader_epoch(loader, trainer.seed, 2, trainer.rank, 0)
     full = list(loader)
-    trainer._set_loader_epoch(loader, 2, 3)
+    set_loader_epoch(loader, trainer.seed, 2, trainer.rank, 3)
     tail = list(loader)
     trainer.close()
     assert len(tail) == len(full) - 3
