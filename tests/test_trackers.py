@@ -111,6 +111,60 @@ def test_mlflow_honours_tracking_uri_env_and_marks_failed_runs(mlflow_run, tmp_p
     assert not (tmp_path / 'mlflow.db').exists()
 
 
+class Look(Hook):
+    """Runs ``look(trainer)`` at the start of every training iteration."""
+
+    def __init__(self, look):
+        self.look = look
+
+    def before_train_iter(self, trainer):
+        self.look(trainer)
+
+
+def test_mlflow_gets_the_records_in_batches_not_at_each_event(mlflow_run, tmp_path, monkeypatch):
+    """A log event only keeps its record: the store gets them when the logs are flushed (the
+    flusher's timer, a flush point, close), all in one call, with the same steps and values."""
+    from mlflow.tracking import MlflowClient
+    from hookloop.logging import flusher
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)  # only the flush points hand over
+    uri = mlflow_run[1].tracking_uri
+    monkeypatch.setenv('MLFLOW_TRACKING_URI', uri)
+    client, seen, batches = MlflowClient(uri), {}, []
+    original = MlflowClient.log_batch
+    monkeypatch.setattr(MlflowClient, 'log_batch', lambda self, *a, **k: batches.append(1) or original(self, *a, **k))
+
+    def look(trainer):
+        if trainer.iter == 4:  # after the events of iterations 2 and 4, inside the first epoch
+            hook = next(h for h in trainer.hooks if type(h).__name__ == 'MlflowLoggerHook')
+            seen['before'] = client.get_metric_history(hook.run_id, 'train/loss')
+            flusher.flush_logs()
+            seen['after'] = [m.step for m in client.get_metric_history(hook.run_id, 'train/loss')]
+
+    trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook'), dict(type='MlflowLoggerHook')], interval=2,
+                           custom_hooks=[Look(look)])
+    run(trainer)
+    assert seen == {'before': [], 'after': [2, 4]} and batches[0] == 1
+    hook = next(h for h in trainer.hooks if type(h).__name__ == 'MlflowLoggerHook')
+    found = {key: [(m.step, m.value) for m in sorted(client.get_metric_history(hook.run_id, key), key=lambda m: m.step)]
+             for key in client.get_run(hook.run_id).data.metrics}
+    assert_series_equal(found, expected_series(tmp_path))
+    assert len(batches) <= 4  # at iteration 4, two epoch ends, close: not one per event (10)
+
+
+def test_a_failing_mlflow_store_stops_the_run(mlflow_run, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    monkeypatch.setenv('MLFLOW_TRACKING_URI', mlflow_run[1].tracking_uri)
+
+    def refuse(self, *args, **kwargs):
+        raise OSError('the store is gone')
+    monkeypatch.setattr(MlflowClient, 'log_batch', refuse)
+    trainer = make_trainer(tmp_path, [dict(type='MlflowLoggerHook')], interval=5)
+    with pytest.raises(OSError, match='the store is gone'):  # at the next event or at close, not lost
+        run(trainer)
+    hook = next(h for h in trainer.hooks if type(h).__name__ == 'MlflowLoggerHook')
+    assert MlflowClient(mlflow_run[1].tracking_uri).get_run(hook.run_id).info.status == 'FAILED'
+
+
 class FailAt(Hook):
     """Raises in the iteration that completes ``at`` iterations."""
 
