@@ -250,16 +250,16 @@ def test_a_record_tensorboard_cannot_write_fails_its_next_call_and_the_flusher_l
 
     hook = TensorboardLoggerHook()
     hook._summary, hook.writer = Summary, Writer()
-    flusher.register(hook)
+    hook._batch.start()
     try:
         hook.log(None, {'mode': 'train', 'iter': 1, 'count': 10 ** 400})  # an int no float can hold
-        while hook._records:  # the flusher's thread takes it (no time asserted)
+        while hook._kept_failure is None:  # the flusher's thread tries it (no time asserted)
             flusher._stop.wait(0.01)
         with pytest.raises(OverflowError):
             hook.log(None, {'mode': 'train', 'iter': 2, 'loss': 0.5})
-        hook._records.append({'mode': 'train', 'iter': 3, 'loss': 0.25})
-        while hook._records:
+        hook.log(None, {'mode': 'train', 'iter': 3, 'loss': 0.25})
+        while not written:
             flusher._stop.wait(0.01)
         assert written == [3] and flusher._thread.is_alive()
     finally:
-        flusher.unregister(hook)
+        hook._batch.stop()

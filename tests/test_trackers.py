@@ -287,6 +287,29 @@ def test_dvclive_files_hold_series_and_params(tmp_path, monkeypatch):
     assert trainer.iter == 20
 
 
+def test_dvclive_gets_the_records_at_flushes_not_at_each_event(tmp_path, monkeypatch):
+    needs('dvclive')
+    import dvclive
+    from hookloop.logging import flusher
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)  # only the flush points hand over
+    calls, seen = [], {}
+    original = dvclive.Live.log_metric
+    monkeypatch.setattr(dvclive.Live, 'log_metric', lambda self, name, value, *a, **k: calls.append(
+        (self.step, name)) or original(self, name, value, *a, **k))
+
+    def look(trainer):
+        if trainer.iter == 4:  # after the events of iterations 2 and 4, inside the first epoch
+            seen['before'] = list(calls)
+            flusher.flush_logs()
+            seen['after'] = sorted({step for step, name in calls if name == 'train/loss'})
+
+    trainer = make_trainer(tmp_path, [dict(type='DvcliveLoggerHook')], interval=2, custom_hooks=[Look(look)])
+    run(trainer)
+    assert seen == {'before': [], 'after': [2, 4]}
+    assert [step for step, name in calls if name == 'train/loss'] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+
+
 @pytest.mark.parametrize('hook,module', [('TensorboardLoggerHook', 'tensorboard'), ('MlflowLoggerHook', 'mlflow'),
                                          ('WandbLoggerHook', 'wandb'), ('NeptuneLoggerHook', 'neptune'),
                                          ('DvcliveLoggerHook', 'dvclive')])

@@ -1,6 +1,7 @@
 """DvcliveLoggerHook: metrics, params and the model file through DVCLive."""
 import os
 
+from ...logging.record_batch import RecordBatch
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir, flatten, require
 
@@ -18,6 +19,9 @@ class DvcliveLoggerHook(LoggerHook):
             ``<dir>/dvc.yaml`` (not the repository root).
         interval, ignore_last, by_epoch: see :class:`LoggerHook`.
 
+    The records are handed to DVCLive together (:mod:`~hookloop.logging.record_batch`): its
+    files are rewritten once per hand-over, not at every log event (~1.3 ms each inside the loop).
+
     Note: like dvclive itself, this initialises DVC (``.dvc/``) in the git repository that
     contains the current directory, if there is one and it has no DVC yet.
     """
@@ -28,6 +32,7 @@ class DvcliveLoggerHook(LoggerHook):
         self.model_file = model_file
         self.dvclive_kwargs = dict(dvclive or {})
         self.live = None
+        self._batch = RecordBatch(self._hand_over, self.keep_failure)
 
     def open(self, trainer):
         from dvclive import Live
@@ -40,18 +45,26 @@ class DvcliveLoggerHook(LoggerHook):
         self.live = Live(**kwargs)
         if trainer.cfg is not None:
             self.live.log_params(flatten(trainer.cfg))
+        self._batch.start()
 
     def log(self, trainer, record):
-        self.live.step = record['iter']
-        for key, value in self.metrics_of(record).items():
-            self.live.log_metric(f'{record["mode"]}/{key}', value)
+        self.raise_kept_failure()
+        self._batch.add(record)
+
+    def _hand_over(self, records):
+        for record, _ in records:
+            self.live.step = record['iter']
+            for key, value in self.metrics_of(record).items():
+                self.live.log_metric(f'{record["mode"]}/{key}', value)
         self.live.make_summary()
 
     def log_images(self, trainer, tag, images, step):
-        for index, image in enumerate(images):  # under <dir>/plots/images/
-            self.live.log_image(f'{tag}/iter_{step}/{index}.png', image)
+        with self._batch.exclusive():
+            for index, image in enumerate(images):  # under <dir>/plots/images/
+                self.live.log_image(f'{tag}/iter_{step}/{index}.png', image)
 
     def close(self, trainer):
+        self._batch.stop()  # (hands over what is left)
         try:
             if self.model_file and not trainer.outcome.failed:
                 path = os.path.join(trainer.work_dir, self.model_file)
@@ -61,3 +74,4 @@ class DvcliveLoggerHook(LoggerHook):
                     trainer.logger.warning('DvcliveLoggerHook: model_file %s does not exist', path)
         finally:
             self.live.end()
+        self.raise_kept_failure()

@@ -1,12 +1,9 @@
 """MlflowLoggerHook: metrics, params and tags of an MLflow run."""
 import os
 import re
-import threading
-import time
-from collections import deque
 from pathlib import Path
 
-from ...logging import flusher
+from ...logging.record_batch import RecordBatch
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir, flatten, require
 
@@ -21,10 +18,9 @@ class MlflowLoggerHook(LoggerHook):
     """Logs every metric as ``<mode>/<key>`` at step = iterations completed, the config
     (flattened: ``optimizer.lr``) and ``params`` as params, ``tags`` as tags.
 
-    The records wait and are handed to the store together, once a second by the log
-    :mod:`~hookloop.logging.flusher` and when the logger closes, in one ``MlflowClient.log_batch``
-    (a ``log_metrics`` call at each event took ~5 ms on a SQLite store: a transaction per record,
-    inside the loop); each metric keeps its event's time as its timestamp.
+    The records wait and are handed to the store together (:mod:`~hookloop.logging.record_batch`),
+    in one ``MlflowClient.log_batch`` (a ``log_metrics`` call at each event took ~5 ms on a SQLite
+    store: a transaction per record, inside the loop); each metric keeps its event's time.
 
     The tracking store: ``tracking_uri`` if given, else ``MLFLOW_TRACKING_URI`` if set, else
     a SQLite store ``sqlite:///<work_dir>/mlflow.db`` (mlflow 3 refuses the old ``./mlruns``
@@ -47,8 +43,7 @@ class MlflowLoggerHook(LoggerHook):
         self.exp_name, self.tags, self.params = exp_name, tags, params
         self.log_model, self.tracking_uri = log_model, tracking_uri
         self.run_id = self._client = None
-        self._records = deque()  # (record, its time in ms) not yet handed to the store
-        self._handing_over = threading.Lock()  # (the flusher's thread and close hand over in turn)
+        self._batch = RecordBatch(self._hand_over, self.keep_failure)
 
     def open(self, trainer):
         mlflow = self.mlflow
@@ -73,37 +68,26 @@ class MlflowLoggerHook(LoggerHook):
         if self.tags:
             mlflow.set_tags(self.tags)
         self._client = mlflow.MlflowClient(uri)  # names its run: usable from the flusher's thread
-        flusher.register(self)
+        self._batch.start()
 
     def log(self, trainer, record):
         self.raise_kept_failure()
-        self._records.append((record, int(time.time() * 1000)))
+        self._batch.add(record)
 
-    def flush(self):
-        """Hand the records kept so far to the store, in order (the flusher's call)."""
-        records = self._records
-        if not records:
-            return
-        with self._handing_over:
-            from mlflow.entities import Metric
-            metrics = []
-            while records:  # (popleft: the loop may append meanwhile)
-                record, stamp = records.popleft()
-                mode = record['mode']
-                metrics.extend(Metric(f'{mode}/{key}', float(value), stamp, record['iter'])
-                               for key, value in self.metrics_of(record).items())
-            try:
-                for start in range(0, len(metrics), _BATCH):
-                    self._client.log_batch(self.run_id, metrics=metrics[start:start + _BATCH])
-            except Exception as exc:  # (maybe on the flusher's thread) raised by the next log or close
-                self.keep_failure(exc)
+    def _hand_over(self, records):
+        from mlflow.entities import Metric
+        metrics = [Metric(f'{record["mode"]}/{key}', float(value), int(created * 1000), record['iter'])
+                   for record, created in records for key, value in self.metrics_of(record).items()]
+        for start in range(0, len(metrics), _BATCH):
+            self._client.log_batch(self.run_id, metrics=metrics[start:start + _BATCH])
 
     def log_images(self, trainer, tag, images, step):
-        for index, image in enumerate(images):  # keyed images: MLflow's step slider
-            self.mlflow.log_image(image, key=f'{_mlflow_key(tag)}_{index}', step=step, synchronous=True)
+        with self._batch.exclusive():
+            for index, image in enumerate(images):  # keyed images: MLflow's step slider
+                self.mlflow.log_image(image, key=f'{_mlflow_key(tag)}_{index}', step=step, synchronous=True)
 
     def close(self, trainer):
-        flusher.unregister(self)  # (its flush hands over what is left)
+        self._batch.stop()  # (hands over what is left)
         try:
             if self.log_model and not trainer.outcome.failed:
                 import mlflow.pytorch

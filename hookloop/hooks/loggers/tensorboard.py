@@ -1,10 +1,8 @@
 """TensorboardLoggerHook: scalars in TensorBoard event files."""
 import json
 import os
-import threading
-from collections import deque
 
-from ...logging import flusher
+from ...logging.record_batch import RecordBatch
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir, flatten, require
 
@@ -16,7 +14,7 @@ class TensorboardLoggerHook(LoggerHook):
     The config is written once as the text ``config``.
 
     A record's scalars become one event, built and handed to TensorBoard's writer with the
-    others of the last second by the log :mod:`~hookloop.logging.flusher` (built at a log event,
+    others of the last second (:mod:`~hookloop.logging.record_batch`: built at a log event,
     inside the loop, an event cost several times as much; each hand-over wakes the writer's
     thread, which then competes with the loop), before any image and when the logger closes.
     TensorBoard itself writes its file every 120 s (``flush_secs``) or at close.
@@ -31,8 +29,7 @@ class TensorboardLoggerHook(LoggerHook):
         require('tensorboard', type(self).__name__)
         self.log_dir = log_dir
         self.writer = self._summary = None
-        self._records = deque()  # the records not yet handed to the writer
-        self._handing_over = threading.Lock()  # the flusher's thread and log_images hand over in turn, in order
+        self._batch = RecordBatch(self._hand_over, self.keep_failure)  # the records not yet handed to the writer
 
     def open(self, trainer):
         from tensorboard.compat.proto.summary_pb2 import Summary
@@ -43,40 +40,34 @@ class TensorboardLoggerHook(LoggerHook):
         self.writer = SummaryWriter(self.log_dir)
         if trainer.cfg is not None:
             self.writer.add_text('config', '    ' + json.dumps(flatten(trainer.cfg), indent=1).replace('\n', '\n    '))
-        flusher.register(self)
+        self._batch.start()
 
     def log(self, trainer, record):
         self.raise_kept_failure()
-        self._records.append(record)
+        self._batch.add(record)
 
-    def flush(self):
-        """Hand the records kept so far to TensorBoard's writer, in order (the flusher's call):
-        one event with every scalar of a record (what ``add_scalar`` writes one event each for:
+    def _hand_over(self, records):
+        """One event with every scalar of a record (what ``add_scalar`` writes one event each for:
         the same tags, values and step for every reader, at a fraction of the cost)."""
-        records = self._records
-        if not records:
-            return
-        with self._handing_over:
-            Summary = self._summary
-            add, value_of = self.writer._get_file_writer().add_summary, Summary.Value
-            while records:  # (popleft: the loop may append meanwhile)
-                record = records.popleft()
-                mode = record['mode']
-                try:
-                    values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
-                              for key, value in self.metrics_of(record).items()]
-                except OverflowError as exc:  # an int too large for a float
-                    self.keep_failure(exc)  # (maybe on the flusher's thread) raised by the next log or close
-                    continue
-                if values:
-                    add(Summary(value=values), record['iter'])
+        Summary = self._summary
+        add, value_of = self.writer._get_file_writer().add_summary, Summary.Value
+        for record, _ in records:
+            mode = record['mode']
+            try:
+                values = [value_of(tag=f'{mode}/{key}', simple_value=float(value))
+                          for key, value in self.metrics_of(record).items()]
+            except OverflowError as exc:  # an int too large for a float: the others still go
+                self.keep_failure(exc)
+                continue
+            if values:
+                add(Summary(value=values), record['iter'])
 
     def log_images(self, trainer, tag, images, step):
-        self.flush()  # the scalars first: TensorBoard drops what comes after a later step
-        for index, image in enumerate(images):
-            self.writer.add_image(f'{tag}/{index}', image, step, dataformats='HWC')
+        with self._batch.exclusive():  # the scalars first: TensorBoard drops what comes after a later step
+            for index, image in enumerate(images):
+                self.writer.add_image(f'{tag}/{index}', image, step, dataformats='HWC')
 
     def close(self, trainer):
-        flusher.unregister(self)  # (its flush hands over what is left)
+        self._batch.stop()  # (hands over what is left)
         self.writer.close()
         self.raise_kept_failure()
