@@ -45,3 +45,13 @@ def make_loader(dataset):
     def make(batch_size=8, shuffle=False, **kwargs):
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, **kwargs)
     return make
+
+
+@pytest.fixture
+def flush_every():
+    """``flush_every(seconds)``: the log flusher's period for this test (a thread already waiting
+    takes it at once); the previous one comes back after the test."""
+    from hookloop.logging import flusher
+    previous = flusher.FLUSH_SECONDS
+    yield flusher.set_period
+    flusher.set_period(previous)

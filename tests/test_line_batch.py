@@ -28,9 +28,9 @@ class Look(Hook):
 
 
 @pytest.fixture
-def no_timer(monkeypatch):
+def no_timer(monkeypatch, flush_every):
     """The flusher's own timer out of the way: only the flush points write."""
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    flush_every(3600.0)
 
 
 def test_lines_wait_for_a_flush_and_come_out_whole(tmp_path, no_timer):
@@ -104,8 +104,8 @@ class Opaque:
 
 
 @pytest.mark.parametrize('timer', [3600.0, 0.001])  # written at a flush point, or by the flusher's thread
-def test_a_record_that_cannot_be_written_fails_the_run(tmp_path, monkeypatch, timer):
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', timer)
+def test_a_record_that_cannot_be_written_fails_the_run(tmp_path, monkeypatch, timer, flush_every):
+    flush_every(timer)
     trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=2, max_epochs=2, val=True,
                            evaluation=dict(interval=1),
                            val_evaluator=lambda loss, batch: {'mse': loss, 'odd': Opaque()})
@@ -174,9 +174,9 @@ def test_a_line_goes_to_the_handlers_and_level_of_its_event(tmp_path, no_timer):
     assert [m for m in received if m.startswith('Epoch [')] == ['Epoch [1][6/10]']
 
 
-def test_the_flusher_survives_a_target_that_fails(monkeypatch):
+def test_the_flusher_survives_a_target_that_fails(monkeypatch, flush_every):
     import threading
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.001)
+    flush_every(0.001)
     flushed = threading.Event()
 
     class Broken:
@@ -201,9 +201,9 @@ def test_the_flusher_survives_a_target_that_fails(monkeypatch):
         flusher.unregister(fine)
 
 
-def test_a_forked_child_logs_through_the_runs_logger_while_lines_wait(tmp_path, monkeypatch):
+def test_a_forked_child_logs_through_the_runs_logger_while_lines_wait(tmp_path, monkeypatch, flush_every):
     import os
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.0005)  # the thread is flushing whenever it can
+    flush_every(0.0005)  # the thread is flushing whenever it can
     trainer = make_trainer(str(tmp_path), [dict(type='TextLoggerHook')], interval=1, max_epochs=1)
     trainer.logger.handlers[0].setStream(io.StringIO())
     children = []
@@ -233,12 +233,12 @@ def test_a_forked_child_logs_through_the_runs_logger_while_lines_wait(tmp_path, 
         assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_a_record_tensorboard_cannot_write_fails_its_next_call_and_the_flusher_lives_on(monkeypatch):
+def test_a_record_tensorboard_cannot_write_fails_its_next_call_and_the_flusher_lives_on(monkeypatch, flush_every):
     pytest.importorskip('tensorboard')
     from tensorboard.compat.proto.summary_pb2 import Summary
 
     from hookloop.hooks.loggers.tensorboard import TensorboardLoggerHook
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.001)
+    flush_every(0.001)
     written = []
 
     class Writer:  # TensorBoard's writer, as the hook uses it

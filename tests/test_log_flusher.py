@@ -29,7 +29,7 @@ def _registered_under(directory):
     return [name for name in names if str(name).startswith(str(directory))]
 
 
-def test_a_line_waits_in_the_buffer_then_the_flusher_writes_it(tmp_path, monkeypatch):
+def test_a_line_waits_in_the_buffer_then_the_flusher_writes_it(tmp_path, monkeypatch, flush_every):
     """No system call per line: the record of iteration 5 is not on disk one iteration
     later; with a short period the flusher's thread writes it while the run goes on."""
     seen = {}
@@ -39,11 +39,11 @@ def test_a_line_waits_in_the_buffer_then_the_flusher_writes_it(tmp_path, monkeyp
             if trainer.iter == 5:  # the iteration after the first log event (iter 5 = 6 done)
                 seen['buffered'] = [r['iter'] for r in json_records(tmp_path, 'train')]
                 seen['log'] = [line for line in _lines(tmp_path, '.log') if 'Epoch [1][5/10]' in line]
-                monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.01)
+                flush_every(0.01)
                 flusher.flush_logs()  # what the thread does at its next wake (the old period may be long)
                 seen['flushed'] = [r['iter'] for r in json_records(tmp_path, 'train')]
 
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    flush_every(3600.0)
     trainer = make_trainer(tmp_path, [dict(type='TextLoggerHook')], interval=5)
     trainer.register_hook(Look())
     run(trainer)
@@ -51,8 +51,8 @@ def test_a_line_waits_in_the_buffer_then_the_flusher_writes_it(tmp_path, monkeyp
     assert seen['flushed'] == [5]
 
 
-def test_the_thread_flushes_mid_epoch(tmp_path, monkeypatch):
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 0.01)
+def test_the_thread_flushes_mid_epoch(tmp_path, monkeypatch, flush_every):
+    flush_every(0.01)
     seen = []
 
     class Wait(Hook):
@@ -70,11 +70,11 @@ def test_the_thread_flushes_mid_epoch(tmp_path, monkeypatch):
     assert seen == [5]
 
 
-def test_lines_are_on_disk_before_a_checkpoint_and_after_run(tmp_path, monkeypatch):
+def test_lines_are_on_disk_before_a_checkpoint_and_after_run(tmp_path, monkeypatch, flush_every):
     """Before a checkpoint is built, the lines of the iterations before its own are on disk (its
     own iteration's line comes after it: loggers run last); after_run hooks (uploads, copies)
     see complete files."""
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    flush_every(3600.0)
     seen = {}
 
     class Read(Hook):
@@ -94,8 +94,8 @@ def test_lines_are_on_disk_before_a_checkpoint_and_after_run(tmp_path, monkeypat
     assert _registered_under(tmp_path) == []
 
 
-def test_a_failed_run_loses_no_line_and_leaves_no_thread(tmp_path, monkeypatch):
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+def test_a_failed_run_loses_no_line_and_leaves_no_thread(tmp_path, monkeypatch, flush_every):
+    flush_every(3600.0)
 
     class Fail(Hook):
         def after_train_iter(self, trainer):
@@ -113,10 +113,10 @@ def test_a_failed_run_loses_no_line_and_leaves_no_thread(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, 'fork'), reason='fork')
-def test_a_forked_child_does_not_write_the_parents_lines_again(tmp_path, monkeypatch):
+def test_a_forked_child_does_not_write_the_parents_lines_again(tmp_path, monkeypatch, flush_every):
     """A child (a DataLoader worker started by fork) inherits the file buffers: they are
     flushed before the fork, so a child that flushes its copy writes nothing twice."""
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    flush_every(3600.0)
     path = tmp_path / 'x.log.json'
     f = open(path, 'ab')
     flusher.register(f)
@@ -154,14 +154,14 @@ def test_unregister_flushes_and_a_closed_file_is_no_error(tmp_path):
         assert not _flusher_thread()  # the thread ends with the last file
 
 
-def test_tensorboard_events_are_handed_over_in_step_order_before_images(tmp_path, monkeypatch):
+def test_tensorboard_events_are_handed_over_in_step_order_before_images(tmp_path, monkeypatch, flush_every):
     """TensorBoard's scalars wait for the flusher; an image is written after the scalars logged
     before it, so the event file's steps never go back (TensorBoard would drop what follows)."""
     pytest.importorskip('tensorboard')
     import numpy as np
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from hookloop.logging.images import publish_images
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)
+    flush_every(3600.0)
 
     class Images(Hook):
         def after_train_iter(self, trainer):
@@ -193,7 +193,7 @@ def test_a_script_that_never_closes_the_trainer_leaves_complete_logs(tmp_path):
         from hookloop import Trainer
         from conftest import Regressor, regression_data
         from hookloop.logging import flusher
-        flusher.FLUSH_SECONDS = 3600.0
+        flusher.set_period(3600.0)
         torch.manual_seed(0)
         trainer = Trainer(Regressor(), optimizer=dict(type='SGD', lr=0.05),
                           train_dataloader=torch.utils.data.DataLoader(regression_data(), batch_size=4),
@@ -208,3 +208,24 @@ def test_a_script_that_never_closes_the_trainer_leaves_complete_logs(tmp_path):
     assert [r['iter'] for r in json_records(tmp_path, 'train')] == [5, 10, 15, 20]
     lines = _lines(tmp_path, '.log')
     assert sum('Epoch [' in line for line in lines) == 4 and lines[-1].endswith('the last line')
+
+
+def test_a_new_period_reaches_the_thread_while_it_waits(flush_every):
+    """The thread waits with the period it had; ``set_period`` wakes it (a thread that outlives
+    one run, e.g. for a trainer never closed, must not keep an hour's wait)."""
+    flushed = threading.Event()
+
+    class Target:
+        def flush(self):
+            flushed.set()
+
+    flush_every(3600.0)
+    target = Target()
+    flusher.register(target)  # the thread starts and waits an hour
+    try:
+        flush_every(0.01)
+        assert flushed.wait(60)  # no time asserted: an hour's wait would fail it
+    finally:
+        flusher.unregister(target)
+    with pytest.raises(ValueError, match='> 0'):
+        flusher.set_period(0)

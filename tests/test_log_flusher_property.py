@@ -25,6 +25,7 @@ import torch
 from hookloop import Hook
 from hookloop.hooks import TextLoggerHook
 from hookloop.logging import flusher
+from hookloop.logging.record_batch import RecordBatch
 from log_utils import make_trainer
 
 CASES = 24
@@ -97,6 +98,8 @@ def run_once(work_dir, case, logged, fail_at, resume, sequence):
     hooks = [dict(type='TextLoggerHook', by_epoch=case['by_epoch'], ignore_last=case['ignore_last'])]
     if case['tensorboard']:
         hooks.append(dict(type='TensorboardLoggerHook', by_epoch=case['by_epoch'], ignore_last=case['ignore_last']))
+    if case['dvclive']:
+        hooks.append(dict(type='DvcliveLoggerHook', by_epoch=case['by_epoch'], ignore_last=case['ignore_last']))
     extra = dict(evaluation=dict(interval=case['val_every'])) if case['val_every'] else {}
     trainer = make_trainer(work_dir, hooks, interval=case['interval'], max_epochs=case['epochs'],
                            val=bool(case['val_every']), auto_resume=resume,
@@ -121,7 +124,7 @@ def run_once(work_dir, case, logged, fail_at, resume, sequence):
 
 
 @pytest.mark.parametrize('seed', range(CASES))
-def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, seed):
+def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, seed, flush_every):
     rng = random.Random(seed)
     case = dict(interval=rng.choice([2, 3, 4, 5]), by_epoch=rng.random() < 0.5, ignore_last=rng.random() < 0.5,
                 epochs=rng.choice([1, 2, 3]), val_every=rng.choice([0, 1]), ckpt_every=rng.choice([3, 4, 7]),
@@ -132,7 +135,12 @@ def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, 
     total = 10 * case['epochs']  # make_trainer: 10 iterations per epoch
     case['notes'] = set(rng.sample(range(total), rng.randrange(total // 2)))
     fail_at = rng.randrange(total) if rng.random() < 0.5 else None
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', case['flush_seconds'])
+    case['dvclive'] = fail_at is None and rng.random() < 0.3  # (a new Live would clear the failed run's files)
+    if case['dvclive']:
+        pytest.importorskip('dvclive')
+        monkeypatch.chdir(tmp_path)  # dvclive works relative to the current directory
+        monkeypatch.setenv('DVCLIVE_TEST', 'true')
+    flush_every(case['flush_seconds'])
     logged, sequence = [], []
     original = TextLoggerHook.log
 
@@ -151,6 +159,7 @@ def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, 
     names = [getattr(t, 'baseFilename', None) or getattr(t, 'name', None) or getattr(t, 'log_dir', '')
              for t in flusher._files]
     assert not [n for n in names if str(n).startswith(str(tmp_path))], case
+    assert not [t for t in flusher._files if isinstance(t, RecordBatch)], case  # no tracker's records either
     if case['tensorboard']:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         steps = []
@@ -160,3 +169,9 @@ def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, 
             assert run_steps == sorted(run_steps), case
             steps += run_steps
         assert sorted(steps) == sorted(r['iter'] for r in logged if r['mode'] == 'train'), case
+    if case['dvclive']:
+        with open(tmp_path / 'dvclive' / 'plots' / 'metrics' / 'train' / 'loss.tsv') as f:
+            header, *rows = f.read().split('\n')
+        column = header.split('\t').index('step')
+        assert [int(row.split('\t')[column]) for row in rows if row] == \
+            [r['iter'] for r in logged if r['mode'] == 'train'], case

@@ -121,12 +121,12 @@ class Look(Hook):
         self.look(trainer)
 
 
-def test_mlflow_gets_the_records_in_batches_not_at_each_event(mlflow_run, tmp_path, monkeypatch):
+def test_mlflow_gets_the_records_in_batches_not_at_each_event(mlflow_run, tmp_path, monkeypatch, flush_every):
     """A log event only keeps its record: the store gets them when the logs are flushed (the
     flusher's timer, a flush point, close), all in one call, with the same steps and values."""
     from mlflow.tracking import MlflowClient
     from hookloop.logging import flusher
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)  # only the flush points hand over
+    flush_every(3600.0)  # only the flush points hand over
     uri = mlflow_run[1].tracking_uri
     monkeypatch.setenv('MLFLOW_TRACKING_URI', uri)
     client, seen, batches = MlflowClient(uri), {}, []
@@ -287,12 +287,12 @@ def test_dvclive_files_hold_series_and_params(tmp_path, monkeypatch):
     assert trainer.iter == 20
 
 
-def test_dvclive_gets_the_records_at_flushes_not_at_each_event(tmp_path, monkeypatch):
+def test_dvclive_gets_the_records_at_flushes_not_at_each_event(tmp_path, monkeypatch, flush_every):
     needs('dvclive')
     import dvclive
     from hookloop.logging import flusher
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(flusher, 'FLUSH_SECONDS', 3600.0)  # only the flush points hand over
+    flush_every(3600.0)  # only the flush points hand over
     calls, seen = [], {}
     original = dvclive.Live.log_metric
     monkeypatch.setattr(dvclive.Live, 'log_metric', lambda self, name, value, *a, **k: calls.append(

@@ -22,27 +22,38 @@ import os
 import threading
 import traceback
 
-FLUSH_SECONDS = 1.0
+FLUSH_SECONDS = 1.0  # change it with set_period: the thread is waiting with the old one
 
 _lock = threading.Lock()  # guards _files and _thread; held while flushing, so an unregistered file is never flushed after
 _files = []
 _thread = None
-_stop = None
+_stop = _wake = None
 
 
 def register(target, first=False):
     """Flush ``target`` every :data:`FLUSH_SECONDS` from now until :func:`unregister`; with
     ``first``, before the targets registered so far (it writes into them)."""
-    global _thread, _stop
+    global _thread, _stop, _wake
     with _lock:
         if first:
             _files.insert(0, target)
         else:
             _files.append(target)
         if _thread is None:
-            _stop = threading.Event()
-            _thread = threading.Thread(target=_run, args=(_stop,), name='hookloop-log-flusher', daemon=True)
+            _stop, _wake = threading.Event(), threading.Event()
+            _thread = threading.Thread(target=_run, args=(_stop, _wake), name='hookloop-log-flusher', daemon=True)
             _thread.start()
+
+
+def set_period(seconds):
+    """Flush every ``seconds`` from now on (also a thread already waiting with the old period)."""
+    global FLUSH_SECONDS
+    if not seconds > 0:
+        raise ValueError(f'the flush period must be > 0 seconds, got {seconds!r}')
+    FLUSH_SECONDS = float(seconds)
+    wake = _wake
+    if wake is not None:
+        wake.set()
 
 
 def unregister(target):
@@ -75,11 +86,18 @@ def _stop_thread():
     thread, _thread = _thread, None
     if thread is not None:
         _stop.set()
+        _wake.set()
     return thread
 
 
-def _run(stop):
-    while not stop.wait(FLUSH_SECONDS):
+def _run(stop, wake):
+    while True:
+        woken = wake.wait(FLUSH_SECONDS)
+        if stop.is_set():
+            return
+        if woken:  # a new period: wait again, with it
+            wake.clear()
+            continue
         flush_logs()
 
 
