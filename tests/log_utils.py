@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from hookloop import Trainer
+from hookloop import Hook, Trainer
 from conftest import Regressor, regression_data
 from conftest import train_and_close as run  # noqa: F401  (used by the logging tests)
 
@@ -49,3 +49,13 @@ def plain_losses(max_epochs=2, batch_size=4, lr=0.05, momentum=0.9):
             optimizer.zero_grad()
             losses.append(loss.detach())
     return torch.stack(losses)
+
+
+class Look(Hook):
+    """Runs ``look(trainer)`` at the start of every training iteration."""
+
+    def __init__(self, look):
+        self.look = look
+
+    def before_train_iter(self, trainer):
+        self.look(trainer)

@@ -11,6 +11,7 @@ import hookloop.optim.scale_book as scale_book_module
 from hookloop.optim.scale_book import ScaleBook as _ScaleBook
 from conftest import Regressor, regression_data
 from log_utils import json_records
+from resume_helpers import StopAt
 
 
 def fp16_run(work_dir, loss_scale, cumulative_iters=1, epochs=3):
@@ -142,15 +143,6 @@ def test_the_users_optimizer_keeps_no_hook_of_the_run(tmp_path, fails):
     assert not optimizer._optimizer_step_post_hooks
 
 
-class _StopAt(Hook):
-    def __init__(self, at):
-        self.at = at
-
-    def after_train_iter(self, trainer):
-        if trainer.iter + 1 == self.at:
-            trainer.request_stop('test')
-
-
 def test_a_later_run_counts_its_steps_again(tmp_path, monkeypatch):
     """A ``train()`` after a stop puts the step hook back: its meters are the per-step way's,
     bitwise, and copy the scale only where it changes (not at every step)."""
@@ -165,7 +157,7 @@ def test_a_later_run_counts_its_steps_again(tmp_path, monkeypatch):
                           train_dataloader=DataLoader(regression_data(), batch_size=4), max_epochs=3,
                           work_dir=str(work_dir), seed=0, device='cpu', log_level='WARNING',
                           optimizer_config=dict(precision='fp16', **CASES['dynamic']),
-                          custom_hooks=[_StopAt(7)])
+                          custom_hooks=[StopAt(6)])  # a stop after 7 iterations
         trainer.train()
         copies.clear()
         trainer.train()  # goes on from iteration 7

@@ -7,24 +7,13 @@ import logging
 
 import pytest
 
-from hookloop import Hook
 from hookloop.logging import flusher
 from hookloop.logging.logger import deferrable
-from log_utils import json_records, make_trainer
+from log_utils import Look, json_records, make_trainer
 
 
 def event_lines(text):
     return [line for line in text.splitlines() if '\tlr: ' in line]
-
-
-class Look(Hook):
-    """Runs ``look(trainer)`` at the start of every training iteration."""
-
-    def __init__(self, look):
-        self.look = look
-
-    def before_train_iter(self, trainer):
-        self.look(trainer)
 
 
 @pytest.fixture

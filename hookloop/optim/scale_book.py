@@ -25,15 +25,15 @@ class ScaleBook:
     def __init__(self, scaler, optimizer, static):
         self.scaler, self.static = scaler, static
         self.steps_ran = 0
-        self._optimizer = optimizer
-        self._handle = optimizer.register_step_post_hook(self._ran)
+        self._optimizer, self._handle = optimizer, None
         self._dynamic = not static and scaler.is_enabled()
         self._interval = scaler.get_growth_interval() if self._dynamic else 0
-        self._tracker = int(scaler.state_dict().get('_growth_tracker', 0)) if self._dynamic else 0
+        self._tracker = 0      # the scaler's growth tracker, followed on the host (see loaded)
         self._run = 0          # steps skipped in a row up to the last one
         self._scale = None     # the copy of the scale in force (None: copy at the next step)
         self._runs = {}        # run length -> its tensor (float32, on the scale's device)
         self._meters = self._append_run = self._append_scale = None
+        self.open()
 
     @classmethod
     def attach(cls, scaler, optimizer, static):
@@ -50,7 +50,7 @@ class ScaleBook:
         return self._handle is not None
 
     def open(self):
-        """Count the optimizer's steps again (a later run starts), from the scaler's state as it is
+        """Count the optimizer's steps (again, for a later run), from the scaler's state as it is
         now: something may have changed it between the runs."""
         if self._handle is None:
             self._handle = self._optimizer.register_step_post_hook(self._ran)
