@@ -11,7 +11,7 @@ scheduled hook still runs exactly where its priority and declared dependencies p
 A schedule is only an optimisation: every stage method must be right when called at every
 iteration (the tests run every hook at every iteration and compare). So a hook is skipped
 only where its ``next_call`` can know everything the call would run: a class that overrides
-a method the ``next_call`` it inherits was not written for (see :func:`schedule_blind_spots`)
+a method the ``next_call`` it inherits was not written for (see :func:`hook_blind_spots`)
 is called at every iteration, and answers are asked again whenever they may have changed
 (after each call of the hook, at an epoch's start, after ``trainer.replan``, a resume or a
 validation).
@@ -20,7 +20,7 @@ from numbers import Integral
 
 from ..errors import ConfigError
 from ..hooks.base import ITERATION_STAGES, NEVER
-from ..hooks.blind_spots import schedule_blind_spots
+from ..hooks.blind_spots import hook_blind_spots
 
 class IterationStage:
     """The hooks of one iteration stage, in run order, with when each is due.
@@ -33,7 +33,7 @@ class IterationStage:
 
     def __init__(self, stage, hooks, methods, call_each):
         self.stage, self.hooks, self.methods, self._call_each = stage, list(hooks), list(methods), call_each
-        self._scheduled = [not schedule_blind_spots(type(hook)) for hook in self.hooks]  # may they skip iterations
+        self._scheduled = [not hook_blind_spots(hook) for hook in self.hooks]  # may they skip iterations
         self.due = [None] * len(self.hooks)  # per hook: None = every iteration, else an iteration or NEVER
         self.every = self.methods             # the methods called at every iteration
         self.next_due = NEVER                 # the earliest due of the scheduled hooks
