@@ -92,3 +92,90 @@ def test_plain_data_class_attributes_and_a_class_with_its_own_next_call_keep_the
     own = Own()
     own.after_train_iter = lambda trainer: None  # its class's next_call answers for its instances
     assert hook_blind_spots(Quiet()) == () and hook_blind_spots(own) == ()
+
+
+class SetsInterval(Hook):
+    """At iteration ``at`` (in ``stage``), sets the logger's interval to ``interval`` and re-plans it."""
+
+    def __init__(self, logger, at, interval, stage='after_train_iter'):
+        self.logger, self.at, self.interval = logger, at, interval
+        setattr(self, stage, self._act)
+
+    def next_call(self, trainer, stage, start):
+        return None  # every iteration: the re-plan is made from the trainer's fast path
+
+    def _act(self, trainer):
+        if trainer.iter == self.at:
+            self.logger.interval = self.interval
+            trainer.replan(self.logger)
+
+    def after_train_iter(self, trainer):
+        pass
+
+    def before_train_iter(self, trainer):
+        pass
+
+
+@pytest.mark.filterwarnings('ignore::hookloop.hooks.order.HookOrderWarning')
+@pytest.mark.parametrize('stage', ['before_train_iter', 'after_train_iter'])
+@pytest.mark.parametrize('setter_priority', ['NORMAL', 'LOWEST'])  # loggers run last whatever the number
+def test_a_replan_by_another_hook_takes_effect_in_the_current_iteration(tmp_path, stage, setter_priority):
+    """Before: records at 10, 15, 20 (the re-plan made in after_train_iter of iteration 4 missed
+    it). The scheduled run must equal the run that calls every hook at every iteration."""
+    from test_iteration_schedule import unscheduled
+    results = []
+    for schedule in (True, False):
+        with pytest.MonkeyPatch.context() as patch:
+            if not schedule:
+                unscheduled(patch)
+            logger = TextLoggerHook(interval=10, by_epoch=False)
+            work_dir = tmp_path / str(schedule)
+            trainer = make(work_dir, epochs=2, log_config=dict(interval=10, hooks=[logger]))
+            trainer.register_hook(SetsInterval(logger, 4, 5, stage), priority=setter_priority)
+            train_and_close(trainer)
+            results.append([r['iter'] for r in json_records(work_dir, 'train')])
+    assert results[0] == results[1] == [5, 10, 15, 20]
+
+
+def test_two_replans_in_one_iteration_and_a_replan_during_a_walk_call_each_hook_once(tmp_path):
+    """Re-plans from several every-iteration hooks in one stage, one of them while the stage walks
+    (another hook is due): each re-planned hook runs once, in its place."""
+    calls = []
+
+    class Due(Hook):
+        def __init__(self, label, every):
+            self.label, self.every = label, every
+
+        def next_call(self, trainer, stage, start):
+            return self.next_every_n_iters(start, self.every)
+
+        def after_train_iter(self, trainer):
+            calls.append((self.label, trainer.iter))
+
+    first, second, early = Due('first', 100), Due('second', 100), Due('early', 100)
+
+    class Replans(Hook):
+        def __init__(self, label, *targets):
+            self.label, self.targets = label, targets
+
+        def after_train_iter(self, trainer):
+            calls.append((self.label, trainer.iter))
+            if trainer.iter in (3, 6):
+                for target in self.targets:
+                    target.every = 1
+                    trainer.replan(target)
+
+    trainer = make(tmp_path, epochs=1)
+    trainer.register_hook(early, priority=40)  # already passed when re-planned: from the next iteration
+    trainer.register_hook(Replans('a', first), priority=41)
+    trainer.register_hook(Due('ticker', 6), priority=42)  # due at 5: iteration 5's stage walks
+    trainer.register_hook(Replans('b', second, early), priority=43)
+    trainer.register_hook(first, priority=44)
+    trainer.register_hook(second, priority=45)
+    train_and_close(trainer)
+    at = {it: [label for label, i in calls if i == it] for it in range(ITERS)}
+    assert at[2] == ['a', 'b']
+    assert at[3] == ['a', 'b', 'first', 'second']
+    assert at[4] == ['early', 'a', 'b', 'first', 'second']
+    assert at[5] == ['early', 'a', 'ticker', 'b', 'first', 'second']
+    assert at[6] == ['early', 'a', 'b', 'first', 'second']
