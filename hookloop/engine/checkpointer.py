@@ -24,7 +24,7 @@ from ..checkpoint.resume_search import find_resumable, load_verified
 from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..checkpoint.sharded_files import is_sharded_checkpoint
 from ..checkpoint.trained_state import frozen_meta, load_trained_state, trained_state_dict
-from ..dist.fsdp import is_sharded_model, load_sharded, save_sharded
+from ..dist.fsdp import is_sharded_model, load_sharded, save_sharded, verify_sharded
 from ..dist.verdict import every_rank_agrees
 from ..errors import CheckpointError
 from ..fileio import storage
@@ -218,14 +218,14 @@ class Checkpointer:
             path = resume_request.asked_by_hooks(t)
         if path == 'auto' or (path is None and t.auto_resume):
             found = find_resumable(t.storage_dir, self.checkpoint_dirs(), t.iters_per_epoch, t.logger,
-                                   map_location=t.device, rename_damaged=t.rank == 0)
+                                   map_location=t.device, rename_damaged=t.rank == 0, verify_sharded=verify_sharded)
             if found is None:
                 t.logger.info('no checkpoint in %s: starting a new run', t.storage_dir)
                 return None, None
             return found
         if path is None:
             return None, None
-        return path, check_resumable(path, load_verified(path, map_location=t.device))
+        return path, check_resumable(path, load_verified(path, map_location=t.device, verify_sharded=verify_sharded))
 
     def plan_resume(self):
         """``(path, checkpoint, point)``: :meth:`resume_target` and where in it the run continues
