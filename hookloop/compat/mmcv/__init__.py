@@ -31,7 +31,8 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn import SyncBatchNorm
 
 from ...optim.amp import auto_fp16, cast_tensor_type, enable_fp16, force_fp32
-from ...checkpoint.format import load_checkpoint as _load_file, save_checkpoint as _save_file
+from ...checkpoint.format import load_checkpoint as _load_file
+from ...checkpoint.gate import baseline_of, export_file
 from ...dist.process_group import get_rank, get_world_size, init_distributed
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import (CheckpointHook, EMAHook, Hook, IterTimerHook, LoggerHook, TensorboardLoggerHook,
@@ -68,7 +69,8 @@ def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=No
 
 def save_checkpoint(model, filename, optimizer=None, meta=None):
     """Write ``model``'s weights (and the optimizer state) atomically, MMCV's layout; ``meta``
-    gets ``CLASSES`` from the model when it has them."""
+    gets ``CLASSES`` from the model when it has them. Refused (``InvalidLossError``) when the
+    weights hold a NaN/inf that the run training ``model`` did not start with."""
     if meta is not None and not isinstance(meta, dict):
         raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
     meta = {**model_meta(model), **(meta or {})}
@@ -77,7 +79,9 @@ def save_checkpoint(model, filename, optimizer=None, meta=None):
         checkpoint['optimizer'] = optimizer.state_dict()
     directory = os.path.dirname(os.path.abspath(filename))
     os.makedirs(directory, exist_ok=True)
-    _save_file(checkpoint, filename)
+    trained = {k: checkpoint[k] for k in ('state_dict', 'optimizer') if k in checkpoint}
+    # the weights gate (checkpoint/gate.py): no NaN/inf beyond what the run training ``model`` started with
+    export_file(filename, lambda f: torch.save(checkpoint, f), trained, baseline_of(model), 'checkpoint')
 
 
 def get_dist_info():
