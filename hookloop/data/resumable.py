@@ -2,8 +2,10 @@
 ``(seed, epoch, position)``.
 
 * The epoch's order is ``torch.randperm(n)`` from a generator seeded with
-  ``seed + epoch`` — the same order ``DistributedSampler`` uses — then padded (or cut)
-  to a multiple of the world size and shared out: rank r takes positions r, r+W, ...
+  ``seed + epoch`` — the same order ``DistributedSampler`` uses — or, for a loader that
+  shuffles with a generator of the user's, the order torch's ``RandomSampler`` draws from it
+  (:mod:`hookloop.data.generator_order`); then padded (or cut) to a multiple of the world
+  size and shared out: rank r takes positions r, r+W, ...
 * Resuming at batch k of an epoch starts the sampler at k: skipped batches are never
   loaded or collated. Where a run is in its epoch is one record, the number of samples of the
   epoch's order trained (:meth:`ResumableBatchSampler.samples_before`, a checkpoint's
@@ -26,6 +28,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from ..errors import ConfigError
+from .generator_order import generator_order
 
 _MASK64 = (1 << 64) - 1
 
@@ -83,7 +86,7 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
     global_rng_draws = 0
 
     def __init__(self, length, batch_size, shuffle=False, seed=0, drop_last=False,
-                 rank=0, world_size=1, shard_drop_last=False, seed_batches=True):
+                 rank=0, world_size=1, shard_drop_last=False, seed_batches=True, order=None):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f'batch_size must be a positive int, got {batch_size!r}')
         self.length = length
@@ -95,6 +98,8 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         self.world_size = world_size
         self.shard_drop_last = shard_drop_last
         self.seed_batches = seed_batches
+        # Shuffled orders from the user's generator (a GeneratorOrder), else from (seed, epoch).
+        self.order = order if shuffle else None
         self.epoch = 0
         self.start_batch = 0
         # The pass being read: batches ``first_batch``, ... of pass ``epoch`` hold its order from
@@ -161,7 +166,10 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
     def indices(self):
         """This rank's sample indices for the current pass (from its first batch), in order."""
-        order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
+        if self.order is not None:
+            order = self.order.order(self.epoch, self.length)
+        else:
+            order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
         start = self._first_sample()
         if start:
             return shard(order[start:], self.rank, self.world_size, self.shard_drop_last)
@@ -271,10 +279,12 @@ def make_resumable(loader, seed, rank=0, world_size=1, loader_name='train_datalo
         raise ConfigError(f'{loader_name}: {type(loader.dataset).__name__} is a map-style dataset without __len__, '
                           f'which its {type(sampler).__name__} needs; give it a __len__, make it an '
                           'IterableDataset, or pass a sampler of your own')
+    order = None
     if isinstance(sampler, RandomSampler):
         if sampler.replacement or sampler._num_samples is not None:
             return loader
         shuffle, shard_drop_last = True, False
+        order = generator_order(loader, sampler)  # the user's seeded order, when the loader has one
     elif isinstance(sampler, SequentialSampler):
         shuffle, shard_drop_last = False, False
     elif isinstance(sampler, DistributedSampler):
@@ -290,7 +300,7 @@ def make_resumable(loader, seed, rank=0, world_size=1, loader_name='train_datalo
     new_sampler = ResumableBatchSampler(len(loader.dataset), batch_sampler.batch_size, shuffle=shuffle,
                                         seed=seed, drop_last=batch_sampler.drop_last, rank=rank,
                                         world_size=world_size, shard_drop_last=shard_drop_last,
-                                        seed_batches=workers)
+                                        seed_batches=workers, order=order)
     dataset = SeededDataset(loader.dataset) if workers else loader.dataset
     return DataLoader(dataset, batch_sampler=new_sampler, **kwargs)
 

@@ -56,7 +56,8 @@ def position_meta(trainer, inner_iter):
     sampler = elastic_sampler(trainer) if trainer.train_dataloader is not None else None
     if sampler is None:
         return length
-    return {**length, 'batch_size': sampler.batch_size, 'epoch_samples': sampler.length,
+    order = {'data_order': sampler.order.key} if sampler.order is not None else {}
+    return {**length, **order, 'batch_size': sampler.batch_size, 'epoch_samples': sampler.length,
             'samples_in_epoch': sampler.samples_before(inner_iter) if inner_iter else 0}
 
 
@@ -76,6 +77,12 @@ def plan(trainer, meta, path):
     samples = meta.get('samples_in_epoch')
     if sampler is not None and meta.get('epoch_samples', sampler.length) != sampler.length:
         samples = None  # another dataset: another order, so the saved position names other samples
+    order = sampler.order.key if sampler is not None and sampler.order is not None else None
+    if sampler is not None and meta.get('data_order') != order:
+        trainer.logger.warning("%s was trained on the order of %s, this run's loader shuffles with %s: the epoch's "
+                               'samples are not those of the checkpointed run', path,
+                               meta.get('data_order') or "hookloop's seed", order or "hookloop's seed")
+        samples = None
     if sampler is None or saved_ipe is None or samples is None or (inner and 'epoch_samples' not in meta):
         return _without_record(trainer, meta, path, keep, sampler, per_epoch)
     new_inner = sampler.batch_after(samples)
