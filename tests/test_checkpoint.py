@@ -91,7 +91,9 @@ def test_failed_write_raises_and_keeps_previous_checkpoint_and_pointer(tmp_path,
 
     monkeypatch.setattr(ckpt_module.torch, 'save', disk_full)
     trainer = make_trainer(tmp_path, epochs=1, checkpoint=dict(interval=1, by_epoch=False))
-    with pytest.raises(CheckpointError, match='iter_1.pth: No space left on device; the previous checkpoint is kept'):
+    # iter_1.pth was written by another run: this one never overwrites it, its file is iter_1.run1.pth
+    with pytest.raises(CheckpointError, match=r'iter_1\.run1\.pth: No space left on device; the previous checkpoint '
+                                              'is kept'):
         trainer.train()
     trainer.close()
     monkeypatch.undo()

@@ -28,6 +28,20 @@ NOT_COMPARED = {'resume_from', 'auto_resume', 'load_from', 'work_dir', 'cfg', 'r
 RESUME_POLICIES = (None, 'restart_epoch')
 
 
+def plain(value):
+    """``value`` with everything that is not a plain container, number or string
+    replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):  # kept a tuple (MMCV's CLASSES): weights_only loads tuples
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
 def config_differences(saved, current, prefix=''):
     """``[(dotted key, saved value, current value)]`` between two plain config dicts."""
     changes = []

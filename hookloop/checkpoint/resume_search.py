@@ -1,7 +1,11 @@
 """``--resume auto``: the newest checkpoint of a work dir that loads and verifies.
 
 The pointer's target is tried first; when it is damaged (zero bytes, truncated, a flipped
-byte, missing), the other checkpoints of the work dir are tried from the newest back.
+byte, missing), the other checkpoints of the work dir are tried from the newest back, newest
+by what they record, never by their names: the run that wrote them (``meta['run']``: when its
+lineage of resumes began, its count in it, its start), then the position in that run. A resume
+that re-based the iteration counter (another batch size) reaches names an older run used, and
+the newer run is the one to continue.
 Every skipped file is logged with the reason and renamed aside (``iter_9.pth.damaged``, its
 sidecar with it) by rank 0, never deleted: damaged files are evidence, and the resumed run
 would otherwise overwrite them under the same name. Symbolic links (and anything whose real
@@ -12,13 +16,15 @@ through :mod:`hookloop.fileio.storage`.
 import os
 import re
 
+import torch
+
 from ..fileio import storage
 
 from .atomic import TMP_SUFFIX
 from .checksum import CHECKSUM_SUFFIXES
 from .format import POINTER_NAME, inside, load_checkpoint, read_pointer
 from ..errors import CheckpointError
-from .sharded_files import is_sharded_checkpoint, verify_shard_files
+from .sharded_files import META_FILE, is_sharded_checkpoint, verify_shard_files
 from .integrity import UnverifiedCheckpointError, require_sidecar
 
 _POSITION = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
@@ -34,6 +40,47 @@ def load_verified(path, map_location='cpu', verify_sharded=verify_shard_files):
     checkpoint = load_checkpoint(path, map_location=map_location)
     require_sidecar(path, checkpoint)  # a hookloop checkpoint without its digest is not trusted
     return checkpoint
+
+
+UNREADABLE = 'unreadable'
+
+
+def recorded_order(path):
+    """What a checkpoint records to order candidates by, from ``meta['run']`` (see
+    ``hookloop/engine/run_lineage.py``): ``(lineage start, run count, run start, iteration)``;
+    None when it records no run (an older hookloop's, a foreign file), :data:`UNREADABLE` when
+    it cannot be read at all.
+
+    Only ``meta`` is needed, so a local file is read with ``mmap`` (its tensors are not loaded);
+    a URL is read whole. The file is verified later, when it is tried."""
+    source = os.path.join(path, META_FILE) if is_sharded_checkpoint(path) else path
+    try:
+        if storage.is_url(source):
+            checkpoint = load_checkpoint(source, verify=False)
+        else:
+            checkpoint = torch.load(source, map_location='cpu', weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - damaged: tried first, to be reported and set aside
+        return UNREADABLE
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    run = meta.get('run') if isinstance(meta, dict) else None
+    if not isinstance(run, dict):
+        return None
+    key = (run.get('first_started'), run.get('count'), run.get('started'), meta.get('iter'))
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in key):
+        return None
+    return key
+
+
+def _newest_first(paths, iters_per_epoch):
+    """``paths`` in the order a walk-back tries them: the unreadable ones first (they are reported
+    and set aside), then from the newest by what they record (:func:`recorded_order`), then those
+    that record no run, by the position in their name and their modification time."""
+    recorded = {path: recorded_order(path) for path in paths}
+    unreadable = [p for p in paths if recorded[p] == UNREADABLE]
+    known = sorted((p for p in paths if recorded[p] not in (None, UNREADABLE)), key=recorded.get, reverse=True)
+    others = sorted((p for p in paths if recorded[p] is None),
+                    key=lambda p: (_position(p, max(iters_per_epoch, 1)), storage.mtime(p)), reverse=True)
+    return unreadable + known + others
 
 
 def _position(path, iters_per_epoch):
@@ -107,10 +154,12 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
             raise
         skipped.append((pointer, str(exc)))
         target = None
-    others = sorted(checkpoints_in([work_dir, *directories]),
-                    key=lambda p: (_position(p, max(iters_per_epoch, 1)), storage.mtime(p)), reverse=True)
-    candidates = ([target] if target is not None else []) + [p for p in others if p != target]
-    for path in candidates:
+
+    def candidates():  # the others are listed (and their meta read) only when the pointer's target fails
+        if target is not None:
+            yield target
+        yield from (p for p in _newest_first(checkpoints_in([work_dir, *directories]), iters_per_epoch) if p != target)
+    for path in candidates():
         if not storage.exists(path):
             skipped.append((path, f'{POINTER_NAME} names it but it does not exist (moved or deleted?)'))
             continue
@@ -126,6 +175,9 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
             continue
         for bad, why in skipped:
             logger.warning('--resume auto: skipped %s: %s', bad, why)
+        if target is None and not skipped:
+            logger.warning('--resume auto: %s has no %s pointer: continuing from %s, the newest checkpoint by the '
+                           'run and position it records', work_dir, POINTER_NAME, path)
         return path, checkpoint
     if not skipped:
         return None

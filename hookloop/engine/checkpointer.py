@@ -20,7 +20,7 @@ from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..checkpoint.restore_checks import check_optimizer_fits
 from ..checkpoint.resume_position import is_count, refuse
-from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
+from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe, plain
 from ..checkpoint.resume_search import find_resumable, load_verified
 from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..checkpoint.sharded_files import is_sharded_checkpoint
@@ -33,21 +33,8 @@ from ..optim.param_groups import set_value  # the param groups' one writer (a re
 from . import elastic_resume, resume_request
 from .builder import build_optimizer
 from .preflight import hook_output_dirs
+from .run_lineage import RunLineage
 from .runner_names import model_meta, revise_state_keys
-
-
-def plain(value):
-    """``value`` with everything that is not a plain container, number or string
-    replaced by its repr, so it can live in a ``weights_only`` checkpoint."""
-    if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, tuple):  # kept a tuple (MMCV's CLASSES): weights_only loads tuples
-        return tuple(plain(v) for v in value)
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
 
 
 class Checkpointer:
@@ -64,6 +51,7 @@ class Checkpointer:
         self._trainer = trainer
         self._optimizer_cfg = optimizer_cfg
         self.async_writer = None
+        self.lineage = RunLineage()  # this run in its lineage of resumes: meta['run'], checkpoint names
         self.baseline = self._baseline_model = None
 
     # -- the finite check's baseline ------------------------------------------------------------
@@ -111,7 +99,7 @@ class Checkpointer:
             'meta': {**t.position.state_dict(), 'seed': t.seed,
                      **elastic_resume.position_meta(t, t.position.resume_point()[2]),
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
-                     'world_size': t.world_size, 'iters_per_epoch': t.iters_per_epoch,
+                     'world_size': t.world_size, 'iters_per_epoch': t.iters_per_epoch, 'run': self.lineage.meta(),
                      'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(t.cfg) if t.cfg is not None else None,
                      **plain(model_meta(t.model))},
@@ -154,6 +142,7 @@ class Checkpointer:
         when the write failed."""
         t = self._trainer
         path = t.workspace.join(path)
+        self.lineage.wrote(path)
         sharded = is_sharded_model(t.wrapped_model)
         check_finite_state(checkpoint, path, scaled_grads=t.step.loss_scaling, baseline=self.take_baseline(),
                            agree=every_rank_agrees if sharded else None)
@@ -190,6 +179,13 @@ class Checkpointer:
         CheckpointError if it failed."""
         if self.async_writer is not None:
             self.async_writer.wait()
+
+    def unclaimed(self, path):
+        """The path a new checkpoint meant for ``path`` (absolute, or relative to the work dir)
+        takes: ``path``, or ``<stem>.run<N><ext>`` when an earlier run wrote a file there (a run
+        never overwrites an older run's checkpoint; ``hookloop/engine/run_lineage.py``)."""
+        t = self._trainer
+        return self.lineage.unclaimed(t.workspace.join(path), t.rank, t.world_size)
 
     def checkpoint_dirs(self):
         """Directories other than the work dir where this run's hooks save checkpoints (the
@@ -234,6 +230,7 @@ class Checkpointer:
         follow); the run takes the checkpoint's seed. ``(None, None, None)`` for a new run."""
         t = self._trainer
         path, checkpoint = self.resume_target()
+        self.lineage.start()
         if checkpoint is None:
             return path, None, None
         point = elastic_resume.plan(t, checkpoint['meta'], path)
@@ -306,6 +303,7 @@ class Checkpointer:
                              'from the original run', path, meta['world_size'], t.world_size)
         t.position.load_state_dict(meta)
         elastic_resume.apply(t, point)
+        self.lineage.resumed_from(meta)
         if point.note:
             t.logger.warning('%s', point.note)
         resume_request.adopt_seed(t, meta)

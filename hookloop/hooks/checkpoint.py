@@ -18,7 +18,8 @@ def _is_int(value):
 @HOOKS.register_module()
 class CheckpointHook(Hook):
     """Saves ``epoch_{n}.pth`` / ``iter_{n}.pth`` (n = completed epochs / iterations) and
-    moves ``<work_dir>/last_checkpoint`` to each.
+    moves ``<work_dir>/last_checkpoint`` to each. A name an earlier run of the work dir used is
+    not overwritten: ``iter_{n}.run{k}.pth`` then (k: this run's count in its lineage of resumes).
 
     Args:
         interval: save every ``interval`` epochs (``by_epoch``) or iterations; -1: only the last.
@@ -162,10 +163,11 @@ class CheckpointHook(Hook):
                                              lambda f: f.write(safetensors_bytes(state)), state)
 
     def _save(self, trainer, filename):
-        path = storage.join(self.directory, filename)
+        # iter_7.run2.pth when an earlier run wrote iter_7.pth (a resume re-based the iterations)
+        path = trainer.checkpointer.unclaimed(storage.join(self.directory, filename))
         if self.saved and path == self.saved[-1]:
             return  # saved at this position already
-        if path in self.saved:  # an older file of that name: a resume re-based the iterations (another batch size)
+        if path in self.saved:  # this run's own file again: it moves to the end
             self.saved.remove(path)
         self._writing = path
 

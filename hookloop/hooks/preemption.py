@@ -116,7 +116,7 @@ class PreemptionHook(Hook):
             self._pending = None
             if self.stopping and self.save and not trainer.outcome.failed:
                 epoch, it, _ = trainer.position.resume_point()
-                path = trainer.save_checkpoint(f'preempt_iter_{it}.pth')
+                path = trainer.save_checkpoint(trainer.checkpointer.unclaimed(f'preempt_iter_{it}.pth'))
                 trainer.logger.info('%s: saved %s at epoch %d, iteration %d; continue with --resume auto',
                                     self.received or 'signal on another rank', path, epoch, it)
         finally:
