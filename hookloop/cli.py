@@ -59,6 +59,7 @@ def hooks_of_config(path, cfg_options=None):
 def _train(args):
     extra = {'profile_hooks': True} if args.profile_hooks else {}
     trainer = build_from_config(args.config, args.cfg_options, args.work_dir, args.resume, **extra)
+    trainer.checkpointer.resume_command = _resume_command(args, trainer.storage_dir)
     if str(trainer.storage_dir).startswith('memory://'):
         trainer.logger.warning('work dir %s is in this process\'s memory: its checkpoints are lost when '
                                '`hookloop train` exits (and cannot be resumed); give a local path or a bucket URL',
@@ -71,6 +72,15 @@ def _train(args):
             _signals_end_the_process()
         trainer.close()
     return 0
+
+
+def _resume_command(args, work_dir):
+    """The command that continues this run (the preemption hint)."""
+    import shlex
+    words = ['hookloop', 'train', args.config, '--work-dir', str(work_dir), '--resume', 'auto']
+    if args.cfg_options:
+        words += ['--cfg-options', *args.cfg_options]
+    return ' '.join(shlex.quote(word) for word in words)
 
 
 def _signals_end_the_process():

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 from conftest import Regressor, regression_data
 from conftest import train_and_close as train
 from resume_helpers import StopAt
-from hookloop import Trainer
+from hookloop import Hook, Trainer
 from hookloop.errors import ConfigError
 from hookloop.checkpoint.resume_changes import config_differences
 
@@ -269,3 +269,80 @@ def test_stateful_dataloader_with_another_batch_size_restarts_the_epoch_without_
     resumed = train(run(tmp_path, 4, resume_from='auto', resume_policy='restart_epoch'))
     assert 'continuing from the start of epoch 3 (iteration 20)' in capsys.readouterr().out
     assert resumed.iter == 30 and resumed.epoch == 3
+
+
+# -- issue 38 item 5: the report for Python-API resumes, an API-shaped preemption hint -------------------
+def api_trainer(work_dir, batch_size=4, max_epochs=4, lr=0.05, hooks=(), **kwargs):
+    """A trainer built in Python: no cfg."""
+    torch.manual_seed(0)
+    from conftest import Regressor, regression_data
+    loader = torch.utils.data.DataLoader(regression_data(), batch_size=batch_size, shuffle=True)
+    return Trainer(Regressor(), optimizer=dict(type='SGD', lr=lr, momentum=0.9), train_dataloader=loader,
+                   max_epochs=max_epochs, work_dir=str(work_dir), seed=0, device='cpu',
+                   checkpoint_config=dict(interval=1), custom_hooks=list(hooks), **kwargs)
+
+
+def test_a_python_api_resume_reports_what_changed_and_what_was_kept(tmp_path, capsys):
+    """Before: max_epochs 4 -> 6 and batch 4 -> 8 from Python logged nothing (the report needed a cfg)."""
+    from conftest import train_and_close
+    train_and_close(api_trainer(tmp_path, max_epochs=4))
+    capsys.readouterr()
+    resumed = train_and_close(api_trainer(tmp_path, batch_size=8, max_epochs=6, resume_from='auto'))
+    out = capsys.readouterr().out
+    assert 'max_epochs: 4 -> 6: the schedule is re-planned over the new length' in out
+    assert 'batch_size: 4 -> 8: the epoch continues from where' in out
+    assert "kept: world_size 1, seed 0, optimizer SGD(lr=0.05, momentum=0.9" in out
+    assert resumed.epoch == 6
+
+
+def test_every_resume_reports_even_when_nothing_changed(tmp_path, capsys):
+    from conftest import train_and_close
+    from resume_helpers import StopAt
+    train_and_close(api_trainer(tmp_path, hooks=[StopAt(12)]))
+    capsys.readouterr()
+    train_and_close(api_trainer(tmp_path, hooks=[StopAt(100)], resume_from='auto'))  # the same hooks
+    out = capsys.readouterr().out
+    assert "the settings are the checkpoint's (max_epochs 4, batch_size 4, world_size 1, seed 0, optimizer SGD(lr=0.05, " \
+           'momentum=0.9, dampening=0, weight_decay=0, nesterov=False))' in out
+
+
+def test_a_python_api_lr_change_is_applied_as_the_report_says(tmp_path, capsys):
+    from conftest import train_and_close
+    from resume_helpers import StopAt
+    train_and_close(api_trainer(tmp_path, hooks=[StopAt(12)]))
+    capsys.readouterr()
+    seen = []
+
+    class Lr(Hook):
+        def before_train_iter(self, trainer):
+            seen.append(trainer.optimizer.param_groups[0]['lr'])
+
+    train_and_close(api_trainer(tmp_path, lr=0.01, hooks=[StopAt(100), Lr()], resume_from='auto'))
+    assert 'optimizer.lr: 0.05 -> 0.01: from iteration 10 each param group takes' in capsys.readouterr().out
+    assert set(seen) == {0.01}
+
+
+def test_the_preemption_hint_is_shaped_for_python_users(tmp_path, capsys):
+    """Before: 'continue with --resume auto' in a Python script too."""
+    import os
+    import signal
+    from conftest import train_and_close
+
+    class SigtermAt(Hook):
+        def before_train_iter(self, trainer):
+            if trainer.iter == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = train_and_close(api_trainer(tmp_path, hooks=[SigtermAt()]))
+    assert trainer.outcome.stopped
+    out = capsys.readouterr().out
+    assert "continue with trainer.train() again, or Trainer(..., resume_from='auto') with work_dir=" in out
+    assert '--resume auto' not in out
+
+
+def test_the_cli_hint_is_the_command_that_resumes(tmp_path):
+    from hookloop.cli import _resume_command
+    import argparse
+    args = argparse.Namespace(config='configs/x.py', cfg_options=['optimizer.lr=0.1'])
+    assert _resume_command(args, tmp_path / 'w d') == \
+        f"hookloop train configs/x.py --work-dir '{tmp_path / 'w d'}' --resume auto --cfg-options optimizer.lr=0.1"

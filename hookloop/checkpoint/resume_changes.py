@@ -12,7 +12,13 @@ has the table; each rule has a test in ``tests/test_resume_changes.py``):
 * ``max_epochs`` / ``max_iters``: the schedule is re-planned over the new length.
 * ``*.save_best``: a new best record starts under the new metric; the old best file stays.
 * ``seed``: the checkpoint's seed is kept (the data order and the RNG states continue).
+* batch size, world size: the epoch continues from its record in the new shape
+  (:mod:`hookloop.engine.elastic_resume`).
+* ``hooks.<name>``: a hook added starts afresh, a hook removed leaves its state unused.
 * anything else: the new value is used.
+
+Besides the config (a config-built run's), every checkpoint records the run's settings, so a
+run built in Python gets the same report (:mod:`hookloop.engine.resume_report`).
 
 A change of the epoch's shape (batch size, world size) is followed by
 :mod:`hookloop.engine.elastic_resume` where the loader allows it; otherwise a mid-epoch change is
@@ -71,6 +77,10 @@ def rule_for(key, iteration, saved_seed=None):
     if key == 'seed':
         kept = f' ({saved_seed})' if saved_seed is not None else ''
         return f"the checkpoint's seed{kept} is kept: the data order and the RNG states continue"
+    if key in ('batch_size', 'world_size') or key.endswith('.batch_size'):
+        return "the epoch continues from where the checkpoint's run was in it, in the new shape (the resume says where)"
+    if key.startswith('hooks.'):
+        return 'a hook the checkpoint holds no state of starts afresh; the state of a hook no longer registered is not used'
     return 'the new value is used'
 
 

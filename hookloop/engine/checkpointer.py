@@ -20,7 +20,7 @@ from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..checkpoint.restore_checks import check_optimizer_fits
 from ..checkpoint.resume_position import is_count, refuse
-from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe, plain
+from ..checkpoint.resume_changes import apply_optimizer_changes, plain
 from ..checkpoint.resume_search import find_resumable, load_verified
 from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..checkpoint.sharded_files import is_sharded_checkpoint
@@ -33,6 +33,7 @@ from ..optim.param_groups import set_value  # the param groups' one writer (a re
 from . import elastic_resume, resume_request
 from .builder import build_optimizer
 from .preflight import hook_output_dirs
+from .resume_report import resume_changes, run_settings
 from .run_lineage import RunLineage
 from .runner_names import model_meta, revise_state_keys
 
@@ -52,6 +53,7 @@ class Checkpointer:
         self._optimizer_cfg = optimizer_cfg
         self.async_writer = None
         self.lineage = RunLineage()  # this run in its lineage of resumes: meta['run'], checkpoint names
+        self.resume_command = None  # set by a launcher (the CLI) for resume_hint()
         self.baseline = self._baseline_model = None
 
     # -- the finite check's baseline ------------------------------------------------------------
@@ -101,7 +103,7 @@ class Checkpointer:
                      'hookloop_version': __version__, 'torch_version': str(torch.__version__),
                      'world_size': t.world_size, 'iters_per_epoch': t.iters_per_epoch, 'run': self.lineage.meta(),
                      'time': time.strftime('%Y-%m-%d %H:%M:%S'),
-                     'config': plain(t.cfg) if t.cfg is not None else None,
+                     'config': plain(t.cfg) if t.cfg is not None else None, 'settings': run_settings(t),
                      **plain(model_meta(t.model))},
             'state_dict': t.model.state_dict(),
             'hooks': {hook.name: hook.state_dict() for hook in t.hooks if hasattr(hook, 'state_dict')},
@@ -294,7 +296,7 @@ class Checkpointer:
         meta = checkpoint['meta']
         if is_sharded_checkpoint(path):
             point = elastic_resume.plan(t, meta, path)
-        changes = self.config_changes(meta, point.iter)
+        changes = self.config_changes(meta, point.iter, path)
         if changes and t.optimizer is not None:
             for line in apply_optimizer_changes(t.optimizer, changes, self.fresh_param_groups, set_value):
                 t.logger.warning('%s', line)
@@ -339,16 +341,16 @@ class Checkpointer:
             return None
         return build_optimizer(self._optimizer_cfg, self._trainer.model).param_groups
 
-    def config_changes(self, meta, iteration):
-        """How the current config differs from the checkpoint's (``meta``), logged in one block."""
-        t = self._trainer
-        saved, current = meta.get('config'), plain(t.cfg) if t.cfg is not None else None
-        if not isinstance(saved, Mapping) or not isinstance(current, Mapping):
-            return []
-        changes = config_differences(saved, current)
-        if changes:
-            t.logger.warning('%s', describe(changes, iteration, meta.get('seed')))
-        return changes
+    def config_changes(self, meta, iteration, path='the checkpoint'):
+        """How this run's settings and config differ from the checkpoint's (``meta``), logged in
+        one block with what is kept (:func:`hookloop.engine.resume_report.resume_changes`)."""
+        return resume_changes(self._trainer, meta, iteration, path)
+
+    def resume_hint(self):
+        """How to continue this run from its latest checkpoint: ``resume_command`` when the
+        launcher set one (the CLI's ``hookloop train ... --resume auto``), else the Python form."""
+        return self.resume_command or ("trainer.train() again, or Trainer(..., resume_from='auto') with work_dir="
+                                       f'{self._trainer.storage_dir!r} in a new process')
 
     def load_weights(self, path, strict=True, revise_keys=None):
         """Initialise the model from a checkpoint's weights only (a fresh schedule).

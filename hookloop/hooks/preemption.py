@@ -23,8 +23,11 @@ class PreemptionHook(Hook):
     On the first signal the trainer finishes the iteration in progress (the signal handler
     only records a stop request, so no work is cut in half), then this hook saves
     ``preempt_iter_{n}.pth`` (n = completed iterations), moves ``last_checkpoint`` to it and
-    the run ends normally: ``after_run`` of every hook runs, so loggers flush and close, and
-    ``hookloop train`` exits with status 0. ``--resume auto`` continues from there.
+    the run ends normally: ``after_run`` of every hook runs, so loggers flush and close, ``train()``
+    returns (``trainer.outcome.stopped``) and ``hookloop train`` exits with status 0. The last line
+    says how to continue, in the launcher's words (``trainer.checkpointer.resume_hint()``): the
+    CLI's ``hookloop train ... --resume auto``, or from Python ``trainer.train()`` again /
+    ``Trainer(..., resume_from='auto')``.
     A second signal aborts at once with the signal's default action (no save, no traceback).
 
     With several ranks the stop is agreed: after each iteration every rank starts a
@@ -117,8 +120,9 @@ class PreemptionHook(Hook):
             if self.stopping and self.save and not trainer.outcome.failed:
                 epoch, it, _ = trainer.position.resume_point()
                 path = trainer.save_checkpoint(trainer.checkpointer.unclaimed(f'preempt_iter_{it}.pth'))
-                trainer.logger.info('%s: saved %s at epoch %d, iteration %d; continue with --resume auto',
-                                    self.received or 'signal on another rank', path, epoch, it)
+                trainer.logger.warning('%s: saved %s at epoch %d, iteration %d; continue with %s',
+                                       self.received or 'signal on another rank', path, epoch, it,
+                                       trainer.checkpointer.resume_hint())
         finally:
             self._restore()
             self.received, self.stopping = None, False
