@@ -157,7 +157,7 @@ def outcome(work_dir, trainer):
     records = [{k: v for k, v in r.items() if k not in ('time', 'data_time')} for r in records if 'mode' in r]
     files = sorted(name for name in os.listdir(work_dir) if name.endswith('.pth') or name == 'last_checkpoint')
     state = trainer.state_dict()
-    del state['meta']['time'], state['rng']
+    del state['meta']['time'], state['meta']['run'], state['rng']  # wall-clock times
     return records, files, relative(state, str(work_dir))
 
 

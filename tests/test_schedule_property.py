@@ -11,6 +11,7 @@ state. Both runs share the scheduler's blind spots, so each case is also compare
 uninterrupted run (same results after stop + ``train()`` again) and the learning rate of every
 iteration with MMCV 1.x's ``LrUpdaterHook`` formulas, written out below.
 """
+import functools
 import glob
 import json
 import math
@@ -100,7 +101,24 @@ def draw(seed):
         case['resume'] = rng.randint(1, total - 1)  # iterations done by the run resumed from
         if case['stop'] is not None and case['stop'] < case['resume']:
             case['stop'] = None
+    # issue 38: how each stage override is made, and re-plans by another hook (drawn apart, so the
+    # cases above stay what they were)
+    more = random.Random(seed + 1_000_003)
+    case['override_kinds'] = {kind: more.choice(OVERRIDE_KINDS) for kind, _, _ in case['user']}
+    targets = ['logger'] * any(kind == 'logger' for kind, _ in case['hooks']) + [
+        args['label'] for kind, args in case['hooks'] if kind == 'mmcv' and args['test'] in ('iters', 'inner')]
+    case['replans'] = []
+    if targets and more.random() < 0.6:
+        case['replans'] = [(at, more.choice(targets), more.randint(1, length + 1))
+                           for at in sorted(more.sample(range(total), more.randint(1, 3)))]
+        case['replanner'] = dict(stage=more.choice(['before', 'after']),
+                                 priority=more.choice(['HIGHEST', 'NORMAL', 'LOWEST']))
     return case
+
+
+# the ways a user's class (or instance) puts a method at a stage
+OVERRIDE_KINDS = ('def', 'partialmethod', 'singledispatchmethod', 'staticmethod', 'instance')
+STAGE_NAMES = ('before_iter', 'after_iter', 'before_train_iter', 'after_train_iter', 'before_val_epoch')
 
 
 class Recorder:
@@ -113,9 +131,11 @@ class Recorder:
         self.events.append((who, what, trainer.iter))
 
 
-def user_subclass(base, label, names, scale, record):
+def user_subclass(base, label, names, scale, record, how='def'):
     """``base`` with ``names`` overridden: each records its call, then does what the base does
-    (an LR override may also scale the values, which the formula check accounts for)."""
+    (an LR override may also scale the values, which the formula check accounts for). ``how``
+    makes the stage overrides: a ``def``, a ``functools.partialmethod`` / ``singledispatchmethod``
+    / ``staticmethod``, or (``'instance'``) methods :func:`set_instance_overrides` puts on the hook."""
     body = {}
 
     def stage(name):
@@ -123,9 +143,24 @@ def user_subclass(base, label, names, scale, record):
             record(label, name, trainer)
             getattr(super(cls, self), name)(trainer)
         return method
+
+    def by_name(self, name, trainer):
+        record(label, name, trainer)
+        getattr(super(cls, self), name)(trainer)
+
+    def static(name):  # no self: the base's method through the hook the trainer is calling
+        def method(trainer):
+            record(label, name, trainer)
+            hook = next(h for h in trainer.hooks if type(h) is cls)
+            getattr(super(cls, hook), name)(trainer)
+        return staticmethod(method)
     for name in names:
-        if name in ('before_iter', 'after_iter', 'before_train_iter', 'after_train_iter', 'before_val_epoch'):
-            body[name] = stage(name)
+        if name in STAGE_NAMES:
+            if how == 'instance':
+                continue
+            body[name] = {'def': lambda: stage(name), 'partialmethod': lambda: functools.partialmethod(by_name, name),
+                          'singledispatchmethod': lambda: functools.singledispatchmethod(stage(name)),
+                          'staticmethod': lambda: static(name)}[how]()
         elif name == 'log':
             body[name] = lambda self, trainer, record_: (record(label, 'log', trainer),
                                                          super(cls, self).log(trainer, record_))[1]
@@ -142,6 +177,18 @@ def user_subclass(base, label, names, scale, record):
             body[name] = lambda self, cur_iters: [lr * scale['warmup'] for lr in super(cls, self).get_warmup_lr(cur_iters)]
     cls = type(f'User{base.__name__}', (base,), body)
     return cls
+
+
+def set_instance_overrides(hook, label, names, record):
+    """The stage overrides of ``names`` set on the hook instance (``hook.after_train_iter = fn``)."""
+    for name in names:
+        if name in STAGE_NAMES:
+            inherited = getattr(type(hook), name)
+
+            def method(trainer, name=name, inherited=inherited):
+                record(label, name, trainer)
+                inherited(hook, trainer)
+            setattr(hook, name, method)
 
 
 class YOLOXLike(CosineAnnealingLrUpdaterHook):
@@ -224,13 +271,22 @@ def build(case, work_dir, record, stop=True, resume_from=None):
                         yolox=YOLOXLike)[args.pop('policy')]
         else:
             base = classes[kind]
+        how = case.get('override_kinds', {}).get(kind, 'def')
         if kind in overrides:
-            base = user_subclass(base, kind, *overrides[kind], record)
-        trainer.register_hook(base(**args))
+            base = user_subclass(base, kind, *overrides[kind], record, how)
+        hook = base(**args)
+        if kind in overrides and how == 'instance':
+            set_instance_overrides(hook, kind, overrides[kind][0], record)
+        trainer.register_hook(hook)
     if case['wakes']:
         sleeper = Sleeper(case['sleeper_stage'], record)
         trainer.register_hook(sleeper, priority='HIGHEST' if case['sleeper_first'] else 'LOWEST')
         trainer.register_hook(Waker(sleeper, case['wakes']), priority='NORMAL')
+    if case.get('replans'):
+        targets = {label: hook for hook in trainer.hooks
+                   for label in ([getattr(hook, 'label', None)] + ['logger'] * isinstance(hook, TextLoggerHook))}
+        trainer.register_hook(Replanner(case['replanner']['stage'], case['replans'], targets),
+                              priority=case['replanner']['priority'])
     trainer.register_hook(LrSeen())
     if stop and case['stop'] is not None:
         trainer.register_hook(StopAt(case['stop']))
@@ -257,6 +313,32 @@ class Sleeper(Hook):
         pass
 
     def before_train_iter(self, trainer):
+        pass
+
+
+class Replanner(Hook):
+    """Another hook's re-plan (issue 38 item 4): at the drawn iterations, called at every
+    iteration, it sets a target's interval (a logger's ``interval``, an MMCV-style hook's ``n``)
+    and calls ``trainer.replan(target)``; the scheduled run must then call the target where the
+    run that calls every hook at every iteration does."""
+
+    def __init__(self, stage, replans, targets):
+        self.replans = {at: (targets[label], value) for at, label, value in replans}
+        setattr(self, f'{stage}_train_iter', self._act)
+
+    def next_call(self, trainer, stage, start):
+        return None
+
+    def _act(self, trainer):
+        if trainer.iter in self.replans:
+            target, value = self.replans[trainer.iter]
+            setattr(target, 'interval' if isinstance(target, TextLoggerHook) else 'n', value)
+            trainer.replan(target)
+
+    def before_train_iter(self, trainer):
+        pass
+
+    def after_train_iter(self, trainer):
         pass
 
 
@@ -303,7 +385,7 @@ def outcome(work_dir, trainer):
     records = [{k: v for k, v in r.items() if k not in ('time', 'data_time')} for r in records if 'mode' in r]
     files = sorted(name for name in os.listdir(work_dir) if name.endswith('.pth') or name == 'last_checkpoint')
     state = trainer.state_dict()
-    del state['meta']['time'], state['rng']
+    del state['meta']['time'], state['meta']['run'], state['rng']  # wall-clock times
     return records, files, relative(state, str(work_dir))
 
 

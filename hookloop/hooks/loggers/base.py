@@ -123,6 +123,8 @@ class LoggerHook(Hook):
     def next_call(self, trainer, stage, start):
         if stage != 'after_train_iter':
             return None  # a stage this schedule was not written for
+        if self._pending:  # a validation record waits for this iteration's train record (re-planned since)
+            return start
         if self.by_epoch:
             due = self.next_every_n_inner_iters(trainer, start, self.interval)
         else:
