@@ -22,7 +22,7 @@ import sequence_worker as W  # noqa: E402
 from hookloop.checkpoint.format import load_checkpoint, read_pointer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = 16
+CASES = 40
 TORCHRUN_CASES = (6, 11)  # one middle segment of these runs on 2 ranks (a torchrun launch each)
 
 
@@ -32,10 +32,12 @@ def draw(seed):
     segment = None
     for stop in range(rng.randint(1, 4)):
         if segment is None or rng.random() < 0.7:  # a new trainer resumes (else: train() again on this one)
-            segment = dict(batch_size=rng.randint(1, 5), drop_last=rng.random() < 0.3, world=1, stops=[],
+            same = segment is not None and rng.random() < 0.4  # resumed as it was (after a re-split, say)
+            segment = dict(batch_size=segment['batch_size'] if same else rng.randint(1, 5),
+                           drop_last=segment['drop_last'] if same else rng.random() < 0.3, world=1, stops=[],
                            damage=bool(case['segments']) and rng.random() < 0.35)
             case['segments'].append(segment)
-        segment['stops'].append(rng.randint(1, 7))
+        segment['stops'].append(rng.randint(1, 4))  # short: several stops in one epoch
     final = dict(batch_size=rng.randint(1, 5), drop_last=rng.random() < 0.3, world=1, stops=[None],
                  damage=rng.random() < 0.35)
     case['segments'].append(final)

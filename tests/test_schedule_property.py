@@ -104,13 +104,24 @@ def draw(seed):
     # issue 38: how each stage override is made, and re-plans by another hook (drawn apart, so the
     # cases above stay what they were)
     more = random.Random(seed + 1_000_003)
+    built_in = [kind for kind, _ in case['hooks'] if kind in extensions]
+    if built_in and more.random() < 0.5:  # an iteration stage overridden, in one of the ways below
+        kind, stage = more.choice(built_in), more.choice(['before_train_iter', 'after_train_iter'])
+        user = {k: (names, scale) for k, names, scale in case['user']}
+        names, scale = user.get(kind, ([], None))
+        user[kind] = (sorted(set(names) | {stage}), scale)
+        case['user'] = [(k, names, scale) for k, (names, scale) in user.items()]
     case['override_kinds'] = {kind: more.choice(OVERRIDE_KINDS) for kind, _, _ in case['user']}
-    targets = ['logger'] * any(kind == 'logger' for kind, _ in case['hooks']) + [
-        args['label'] for kind, args in case['hooks'] if kind == 'mmcv' and args['test'] in ('iters', 'inner')]
+    # targets: (label, counted in epochs' inner iterations)
+    targets = [('logger', args['by_epoch']) for kind, args in case['hooks'] if kind == 'logger'] + [
+        (args['label'], args['test'] == 'inner') for kind, args in case['hooks']
+        if kind == 'mmcv' and args['test'] in ('iters', 'inner')]
     case['replans'] = []
     if targets and more.random() < 0.6:
-        case['replans'] = [(at, more.choice(targets), more.randint(1, length + 1))
-                           for at in sorted(more.sample(range(total), more.randint(1, 3)))]
+        for at in sorted(more.sample(range(total), more.randint(1, 3))):
+            label, inner = more.choice(targets)
+            due_now = at % length + 1 if inner else at + 1  # an interval that makes it due at once
+            case['replans'].append((at, label, more.choice([more.randint(1, length + 1), due_now])))
         case['replanner'] = dict(stage=more.choice(['before', 'after']),
                                  priority=more.choice(['HIGHEST', 'NORMAL', 'LOWEST']))
     return case
