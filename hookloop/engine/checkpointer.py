@@ -18,7 +18,7 @@ from ..checkpoint import gate
 from ..checkpoint.finite_state import FiniteBaseline, check_finite_state
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
-from ..checkpoint.restore_checks import check_optimizer_fits
+from ..checkpoint.restore_checks import check_optimizer_fits, position_disagreement
 from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
 from ..checkpoint.resume_search import find_resumable, load_verified
 from ..checkpoint.rng import get_rng_state, set_rng_state
@@ -294,6 +294,9 @@ class Checkpointer:
                 detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])
                 raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
         meta = checkpoint['meta']
+        swapped = position_disagreement(path, meta)
+        if swapped:
+            t.logger.warning('%s', swapped)
         if is_sharded_checkpoint(path):
             point = elastic_resume.plan(t, meta, path)
         changes = self.config_changes(meta, point.iter)
