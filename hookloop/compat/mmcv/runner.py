@@ -6,7 +6,6 @@ import warnings
 
 import torch
 from torch import nn
-from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import EvaluationHook
@@ -15,6 +14,7 @@ from ...engine.checkpointer import plain
 from ...engine.trainer import Trainer
 from ..log_vars_evaluator import LogVarsEvaluator
 from ..mmcv_config import iter_based_defaults
+from .parallel import is_module_wrapper
 
 RUNNERS = Registry('runner')
 LATEST_LINK = 'latest.pth'
@@ -281,8 +281,3 @@ def build_runner(cfg, default_args=None):
     cfg = dict(cfg)
     cfg.pop('constructor', None)  # MMCV's DefaultRunnerConstructor: nothing else to construct
     return RUNNERS.build(cfg, default_args=default_args)
-
-
-def is_module_wrapper(module):
-    """True for the wrappers whose ``.module`` is the model (DataParallel, DDP)."""
-    return isinstance(module, (DataParallel, DistributedDataParallel))
