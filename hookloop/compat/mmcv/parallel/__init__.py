@@ -74,10 +74,16 @@ MODULE_WRAPPERS.register_module(module=MMDataParallel)
 MODULE_WRAPPERS.register_module(module=MMDistributedDataParallel)
 
 
+def build_wrapped_model(cfg):
+    """``MMDataParallel`` around the model ``cfg`` describes (an MMCV config's ``model``)."""
+    from ....engine.builder import build_model
+    return MMDataParallel(build_model(cfg))
+
+
 def is_module_wrapper(module):
     """True for an instance of a class in ``MODULE_WRAPPERS`` (DataParallel, DDP, the MM
     wrappers, and what user code registers there)."""
     return isinstance(module, tuple(MODULE_WRAPPERS.module_dict.values()))
 
 
-__all__ = ['MMDataParallel', 'MMDistributedDataParallel', 'MODULE_WRAPPERS', 'is_module_wrapper']
+__all__ = ['MMDataParallel', 'MMDistributedDataParallel', 'MODULE_WRAPPERS', 'build_wrapped_model', 'is_module_wrapper']
