@@ -12,9 +12,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from hookloop.checkpoint.checksum import file_checksum
 from hookloop.checkpoint.format import load_checkpoint, save_checkpoint, update_pointer
 from hookloop.cli import build_from_config, main
-from hookloop.checkpoint.dcp_metadata import METADATA_FILE, read_dcp_metadata
+from hookloop.dist.dcp_metadata import METADATA_FILE, read_dcp_metadata
 from hookloop.errors import CheckpointError
-from hookloop.checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, SHARD_CHECKSUMS, verify_sharded, write_shard_checksums
+from hookloop.checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, SHARD_CHECKSUMS, write_shard_checksums
+from hookloop.dist.fsdp import verify_sharded
 
 CONFIG = """
 custom_imports = ['hookloop.examples.digits']
@@ -268,7 +269,7 @@ def test_metadata_is_checked_against_the_model_before_any_shard_is_read(config, 
 # -- the unpickler: no process-wide state changed, no keys that collide ------------------------
 
 def test_build_on_a_class_or_an_enum_member_is_refused_and_changes_nothing(tmp_path):
-    from hookloop.checkpoint.dcp_metadata import RestrictedMetadataUnpickler
+    from hookloop.dist.dcp_metadata import RestrictedMetadataUnpickler
     on_class = b'\x80\x02ctorch\nSize\n}X\x03\x00\x00\x00fooK\x01sb.'
     on_member = (b'\x80\x02ctorch.distributed.checkpoint.metadata\n_MEM_FORMAT_ENCODING\n'
                  b'K\x01\x85R}X\x05\x00\x00\x00valueK\x07sb.')
@@ -285,7 +286,7 @@ def test_keys_whose_hashes_collide_cost_nothing(tmp_path):
     types (tuples) are refused."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
-    from hookloop.checkpoint.dcp_metadata import RestrictedMetadataUnpickler
+    from hookloop.dist.dcp_metadata import RestrictedMetadataUnpickler
     prime = (1 << 61) - 1
     keys = [MetadataIndex('w', torch.Size([k * prime])) for k in range(1, 2001)]
     assert len({hash(k) for k in keys}) == 1  # DCP's own class: one bucket for all 2000
@@ -350,7 +351,7 @@ def test_fuzz_dcp_metadata(config, tmp_path, monkeypatch):
     import random
     import shutil
     import builtins
-    from hookloop.checkpoint.dcp_load import load_dcp
+    from hookloop.dist.dcp_load import load_dcp
     monkeypatch.setenv('HOOKLOOP_ALLOW_UNVERIFIED', '1')  # fuzz the loader, not the checksums
     base = write_sharded(config, tmp_path, 'base', manifest=False)
     holder = build(config, tmp_path / 'holder2')
@@ -419,7 +420,7 @@ def test_fuzz_build_states_on_allowed_classes_change_no_process_state(tmp_path):
     is refused in one line (or is not metadata), and no allowed class, enum member or dtype
     gains or changes an attribute."""
     import random
-    from hookloop.checkpoint.dcp_metadata import _ALLOWED
+    from hookloop.dist.dcp_metadata import _ALLOWED
     rng = random.Random(6)
     names = [(m, n) for m, ns in _ALLOWED.items() for n in sorted(ns)] + [('torch', 'float32'), ('torch', 'strided')]
     import importlib

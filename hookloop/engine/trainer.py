@@ -149,7 +149,6 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.meters = MeterBuffer()
         self._losses = self.meters.bulk_series('loss')  # the step's scalar loss: one C call per iteration
         self.exception = self.stop_reason = None
-
         self._init_dispatch(profile_hooks)
         self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
         self._running = False
@@ -250,6 +249,7 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
                 run_start = (run_start[0], self.iter)
             self._started, self._resume_again = True, False
             self.call_hook('before_run')
+            self.checkpointer.take_baseline()  # what is non-finite by design, before anything trains
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
         except BaseException as exc:

@@ -21,7 +21,8 @@ from collections import OrderedDict
 
 import torch
 
-from ...checkpoint.format import load_checkpoint as _load_file, save_checkpoint as _save_file
+from ...checkpoint.format import load_checkpoint as _load_file
+from ...checkpoint.gate import baseline_of, export_file
 from ...engine.checkpointer import plain
 from ...engine.runner_names import model_meta, revise_state_keys
 from ...errors import CheckpointError, ConfigAssertionError, ConfigError, ConfigTypeError
@@ -208,8 +209,10 @@ def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=No
 def save_checkpoint(model, filename, optimizer=None, meta=None, file_client_args=None):
     """Write ``model``'s weights (the state dict of the model inside its wrappers), the
     optimizer state (one optimizer or a dict of them) and ``meta`` (which gets ``CLASSES``
-    from the model) atomically with a checksum sidecar, MMCV's layout. ``filename`` is a
-    local path or an fsspec URL; ``file_client_args`` may name the ``'disk'`` backend only."""
+    from the model), MMCV's layout, through the weights gate (``checkpoint/gate.py``: refused
+    with ``InvalidLossError`` when the weights hold a NaN/inf the run training ``model`` did
+    not start with; atomic; a checksum sidecar). ``filename`` is a local path or an fsspec
+    URL; ``file_client_args`` may name the ``'disk'`` backend only."""
     if meta is not None and not isinstance(meta, dict):
         raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
     backend = (file_client_args or {}).get('backend', 'disk')
@@ -227,7 +230,8 @@ def save_checkpoint(model, filename, optimizer=None, meta=None, file_client_args
         checkpoint['optimizer'] = optimizer.state_dict()
     if not storage.is_url(filename):
         os.makedirs(os.path.dirname(os.path.abspath(filename)), exist_ok=True)
-    _save_file(checkpoint, filename)
+    trained = {key: checkpoint[key] for key in ('state_dict', 'optimizer') if key in checkpoint}
+    export_file(filename, lambda file: torch.save(checkpoint, file), trained, baseline_of(inner), 'checkpoint')
 
 
 __all__ = ['CheckpointLoader', 'get_state_dict', 'load_checkpoint', 'save_checkpoint', 'load_from_local',

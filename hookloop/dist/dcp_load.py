@@ -4,7 +4,7 @@ DCP's own reader follows ``.metadata`` wherever it points: a storage entry may n
 ``/dev/zero``, a FIFO or ``../../elsewhere``, and an item marked *bytes* is read with
 ``torch.load(weights_only=False)``, which runs code. :func:`load_dcp` instead
 
-1. reads ``.metadata`` with the restricted unpickler (:mod:`hookloop.checkpoint.dcp_metadata`);
+1. reads ``.metadata`` with the restricted unpickler (:mod:`hookloop.dist.dcp_metadata`);
 2. checks it against the states this run loads into, *before any shard is read*: every key
    present, tensors as tensors with the same global shape and dtype, chunks inside the
    tensor and covering it, non-tensor values as (small) bytes items, and every storage

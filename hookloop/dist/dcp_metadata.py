@@ -20,13 +20,12 @@ opcodes can be checked one by one) also refuses:
 import io
 import os
 import pickle
-import stat
 
 import torch
 
+from ..checkpoint.sharded_files import METADATA_FILE, read_regular_file
 from ..errors import CheckpointError
 
-METADATA_FILE = '.metadata'
 MAX_METADATA_BYTES = 256 << 20
 _SMALL_INT = 1 << 60  # |x| below this: hash(x) == x, no two such keys collide (but -1/-2)
 
@@ -160,29 +159,6 @@ class RestrictedMetadataUnpickler(pickle._Unpickler):  # the Python implementati
             keys = items if func in (set, frozenset) else [p[0] if isinstance(p, tuple) and p else p for p in items]
             self._check_keys(keys)
         pickle._Unpickler.dispatch[pickle.REDUCE[0]](self)
-
-
-def read_regular_file(path, limit, what):
-    """The bytes of ``path``, a regular file (not a symlink, FIFO or device) of at most
-    ``limit`` bytes; CheckpointError otherwise. Never blocks on a FIFO."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_NONBLOCK', 0))
-    except OSError as exc:
-        if os.path.islink(path):
-            raise CheckpointError(f'{what} {path!r} is a symbolic link: refusing to follow it out of the '
-                                  'checkpoint') from None
-        raise CheckpointError(f'cannot read {what} {path!r}: {exc.strerror or exc}') from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CheckpointError(f'{what} {path!r} is not a regular file')
-        if info.st_size > limit:
-            raise CheckpointError(f'{what} {path!r} is {info.st_size} bytes, more than the {limit} a '
-                                  'checkpoint of this kind can hold: refusing to read it')
-        with os.fdopen(fd, 'rb', closefd=False) as f:
-            return f.read(limit + 1)
-    finally:
-        os.close(fd)
 
 
 def read_dcp_metadata(path, limit=MAX_METADATA_BYTES):
