@@ -24,9 +24,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from dcp_helpers import CONFIG, Payload, append_to_shard, build, point_item_at, reseal, rewrite_metadata, saved, \
     write_sharded
+from hookloop.checkpoint.checksum import file_checksum
+from hookloop.checkpoint.format import load_checkpoint, save_checkpoint
+from hookloop.checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, SHARD_CHECKSUMS
 from hookloop.cli import main
 from hookloop.dist.dcp_chunks import check_tiling
 from hookloop.dist.dcp_load import load_dcp
+from hookloop.dist.fsdp import verify_sharded
 from hookloop.errors import CheckpointError
 
 PRIME = (1 << 61) - 1  # k * PRIME all hash to 0: keys built from them share one bucket
@@ -233,6 +237,26 @@ def test_hash_colliding_keys_and_compressed_records_are_refused_before_they_cost
         reseal(case)
         code, err = _train(config, tmp_path, case, capsys, f'{name}-run')
         assert code != 0 and len(err.splitlines()) == 1 and re.search(message, err) and key in err, (name, err)
+
+
+@pytest.mark.parametrize('grown', ['extra.distcp', '__0_0.distcp'])
+def test_a_huge_file_in_the_manifest_is_refused_before_it_is_hashed(sharded, monkeypatch, grown):
+    """A 4 GiB (sparse) shard listed in a re-sealed manifest: before, hashed in full (+19 s)."""
+    from hookloop.checkpoint import sharded_files
+    _, path = sharded
+    os.truncate(path / grown, 4 << 30) if (path / grown).exists() else open(path / grown, 'wb').truncate(4 << 30)
+    manifest = path / SHARD_CHECKSUMS
+    lines = [line for line in manifest.read_text().splitlines() if not line.endswith(grown)]
+    manifest.write_text('\n'.join(lines + [f'{"0" * 64}  {grown}']) + '\n')
+    rest = load_checkpoint(str(path / META_FILE))
+    rest[MANIFEST_DIGEST] = file_checksum(str(manifest))
+    save_checkpoint(rest, str(path / META_FILE))
+    hashed = []
+    real = sharded_files.file_checksum
+    monkeypatch.setattr(sharded_files, 'file_checksum', lambda file, *a, **k: hashed.append(file) or real(file, *a, **k))
+    with pytest.raises(CheckpointError, match=f"{grown}' is 4294967296 bytes, more than the .* its metadata accounts"):
+        verify_sharded(str(path))
+    assert not any(file.endswith(grown) for file in hashed), hashed
 
 
 # -- fuzz: random chunk layouts and payloads, each refused in one line within bounds ---------

@@ -92,6 +92,14 @@ def check_storage(metadata, path):
     return entries
 
 
+def shard_ends(entries):
+    """``{shard file name: the end of its last storage entry}`` of :func:`check_storage`'s entries."""
+    ends = {}
+    for name, offset, length in entries.values():
+        ends[name] = max(ends.get(name, 0), offset + length)
+    return ends
+
+
 def check_against(metadata, expected, entries, path):
     """Refuse ``metadata`` unless it holds every flattened key of ``expected`` in the
     form this run needs (see the module docstring)."""

@@ -34,10 +34,9 @@ import sys
 
 import torch
 
-from ..checkpoint.sharded_files import METADATA_FILE, read_regular_file
+from ..checkpoint.sharded_files import MAX_METADATA_BYTES, METADATA_FILE, read_regular_file
 from ..errors import CheckpointError
 
-MAX_METADATA_BYTES = 256 << 20
 _SMALL_INT = 1 << 60  # |x| below this: hash(x) == x, no two such keys collide (but -1/-2)
 
 _DCP_METADATA_CLASSES = ('Metadata', 'TensorStorageMetadata', 'TensorProperties', 'ChunkStorageMetadata',
