@@ -19,6 +19,7 @@ from ..checkpoint.finite_state import FiniteBaseline, check_finite_state
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..checkpoint.restore_checks import check_optimizer_fits, position_disagreement
+from ..checkpoint.resume_position import is_count, refuse
 from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
 from ..checkpoint.resume_search import find_resumable, load_verified
 from ..checkpoint.rng import get_rng_state, set_rng_state
@@ -316,7 +317,7 @@ class Checkpointer:
             data = checkpoint.get('data')
             if point.note and point.inner_iter == 0 and t.train_stream.per_epoch:
                 data = None  # an epoch started afresh in another shape: the saved loader state is not needed
-            t.train_stream.load_state_dict(data, t.epoch, t.inner_iter)
+            t.train_stream.load_state_dict(data, t.epoch, t.inner_iter, path)
             elastic_resume.apply(t, point)  # the sampler's split, once the stream is at the epoch
         saved_states = checkpoint.get('hooks', {})
         for hook in t.hooks:
@@ -382,9 +383,11 @@ def check_resumable(path, checkpoint):
         if key not in checkpoint:
             raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
     meta = checkpoint['meta']
-    if not isinstance(meta, Mapping) or not all(
-            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in ('epoch', 'iter', 'inner_iter')):
-        raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
+    if not isinstance(meta, Mapping):
+        raise CheckpointError(f'{path!r} is damaged: its "meta" entry is not a dict')
+    for field in ('epoch', 'iter', 'inner_iter'):
+        if not is_count(meta.get(field)):
+            refuse(path, field, meta.get(field), 'not a whole number')
     return checkpoint
 
 

@@ -118,6 +118,15 @@ class MeterBuffer:
         self._totals[key] += count
         self._version += 1
 
+    def revise(self, key, values):
+        """Replace the newest ``len(values)`` values of ``key`` (a source re-measuring what it
+        handed over earlier in the same iteration; ``IterTimerHook``); counts and marks stay."""
+        series = self._values[key]
+        for _ in range(min(len(values), len(series))):
+            series.pop()
+        series.extend(values)
+        self._version += 1
+
     def __contains__(self, key):
         self._collect()
         return key in self._values
