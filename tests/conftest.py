@@ -1,8 +1,32 @@
-"""Shared test helpers: small deterministic data and models."""
+"""Shared test helpers: small deterministic data and models; the suite's own temp dir."""
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+
+
+@pytest.fixture(scope='session', autouse=True)
+def suite_temp_dir(tmp_path_factory):
+    """What the suite writes to "the temp dir" goes inside pytest's own base temp dir, and is
+    removed when the session (an xdist worker) ends: ``tempfile`` in this process and ``TMPDIR``
+    for the processes it starts (torchrun's ``torchelastic_*`` log dirs, the benches' work dirs,
+    multiprocessing's ``pymp-*``, URL work dirs' local mirrors, torch.compile's cache). Other
+    sessions' files in the system temp dir are never touched. Together with
+    ``tmp_path_retention_policy = "failed"`` (pyproject.toml) a passing run leaves nothing."""
+    directory = str(tmp_path_factory.mktemp('tmp'))
+    previous_env, previous_tempdir = os.environ.get('TMPDIR'), tempfile.tempdir
+    os.environ['TMPDIR'], tempfile.tempdir = directory, directory
+    yield directory
+    tempfile.tempdir = previous_tempdir
+    if previous_env is None:
+        os.environ.pop('TMPDIR', None)
+    else:
+        os.environ['TMPDIR'] = previous_env
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def regression_data(n=40, features=4, seed=0):
