@@ -18,14 +18,19 @@ def suite_temp_dir(tmp_path_factory):
     sessions' files in the system temp dir are never touched. Together with
     ``tmp_path_retention_policy = "failed"`` (pyproject.toml) a passing run leaves nothing."""
     directory = str(tmp_path_factory.mktemp('tmp'))
-    previous_env, previous_tempdir = os.environ.get('TMPDIR'), tempfile.tempdir
-    os.environ['TMPDIR'], tempfile.tempdir = directory, directory
+    # torch.compile's cache dir is pinned in TORCHINDUCTOR_CACHE_DIR at its first use, which an
+    # import during collection may have made already: named here too
+    variables = {'TMPDIR': directory, 'TORCHINDUCTOR_CACHE_DIR': os.path.join(directory, 'torchinductor')}
+    previous_env, previous_tempdir = {name: os.environ.get(name) for name in variables}, tempfile.tempdir
+    os.environ.update(variables)
+    tempfile.tempdir = directory
     yield directory
     tempfile.tempdir = previous_tempdir
-    if previous_env is None:
-        os.environ.pop('TMPDIR', None)
-    else:
-        os.environ['TMPDIR'] = previous_env
+    for name, value in previous_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     shutil.rmtree(directory, ignore_errors=True)
 
 
