@@ -349,15 +349,24 @@ class DiffusersDreamBooth(nn.Module):
             self.pipeline().save_pretrained(directory, safe_serialization=True)
             follow_umask(directory)
             return
+        self.save_lora_weights(directory)
+
+    def save_lora_weights(self, directory, safe_serialization=True, dtype=None):
+        """The LoRA adapters in diffusers' format (``pytorch_lora_weights.safetensors``, or
+        ``.bin`` without ``safe_serialization``), as ``dtype`` (default float32). The adapter
+        config (rank, alpha, targets) goes into the safetensors metadata, without which a reload
+        falls back to alpha = rank; a ``.bin`` file has no metadata."""
         from diffusers import StableDiffusionPipeline
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
 
         def adapter(part):
             state = convert_state_dict_to_diffusers(get_peft_model_state_dict(part))
-            return {k: v.detach().float().cpu().contiguous() for k, v in state.items()}
+            return {k: v.detach().to(dtype or torch.float32).cpu().contiguous() for k, v in state.items()}
 
-        def metadata(part):  # without it a reload falls back to alpha = rank
+        def metadata(part):
+            if not safe_serialization:
+                return None
             config = part.peft_config['default'].to_dict()
             return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 
@@ -367,7 +376,7 @@ class DiffusersDreamBooth(nn.Module):
             text_encoder_lora_layers=adapter(self.text_encoder) if text else None,
             unet_lora_adapter_metadata=metadata(self.unet),
             text_encoder_lora_adapter_metadata=metadata(self.text_encoder) if text else None,
-            safe_serialization=True)
+            safe_serialization=safe_serialization)
         follow_umask(directory)
 
 
