@@ -221,6 +221,9 @@ def _lr_config(scheduler, lr_hook, cumulative_iters=1):
 
 def _evaluation_section(evaluation, out, problems, task=None):
     from .modelscope_metrics import TASK_METRICS, metric
+    # ModelScope hands it to its trainer's visualization(), which does nothing unless a trainer subclass
+    # overrides it: a documented no-op for the trainers hookloop builds.
+    evaluation.pop('visualization', None)
     if evaluation.get('val_iters_per_epoch') is not None:
         out['val_iters'] = evaluation.pop('val_iters_per_epoch')
     evaluation.pop('val_iters_per_epoch', None)

@@ -8,11 +8,49 @@ The constants are ModelScope's values; the behaviour is hookloop's: :func:`build
 ``cfg_file``), :class:`MsDataset` (local dataset directories), :func:`pipeline` (local
 text-to-image model directories) and :class:`TrainingArgs`.
 """
+import torch
+
 from .build import build_trainer
 from .modelscope_args import TrainingArgs
 from .modelscope_dataset import MsDataset
 from .modelscope_pipeline import pipeline
 from ..engine.trainer import Trainer as EpochBasedTrainer
+from ..registry import METRICS as _METRICS
+
+default_group = 'default'  # ``modelscope.utils.registry.default_group``: hookloop's registries have no groups
+
+
+class Model:
+    """``modelscope.models.base.Model``'s part hookloop reads: ``model_dir``, the directory the
+    model came from (its other files are copied into ``output/``)."""
+    model_dir = None
+
+
+class TorchModel(torch.nn.Module, Model):
+    """``modelscope.models.base.TorchModel``: an ``nn.Module`` with a ``model_dir``."""
+
+    def __init__(self, model_dir=None, *args, **kwargs):
+        super().__init__()
+        self.model_dir = model_dir
+
+
+class ModelScopeRegistry:
+    """A hookloop registry under ModelScope's calls: ``register_module(group_key=...,
+    module_name=..., module_cls=..., force=...)`` (the group is ignored) and ``get(name)``."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def register_module(self, group_key=default_group, module_name=None, module_cls=None, force=False):
+        if module_cls is not None:
+            return self.registry.register_module(module=module_cls, module_name=module_name, force=force)
+        return self.registry.register_module(module_name=module_name, force=force)
+
+    def get(self, name, group_key=default_group):
+        return self.registry.get(name)
+
+
+METRICS = ModelScopeRegistry(_METRICS)  # ``modelscope.metrics.builder.METRICS``
 
 
 class Trainers:
@@ -82,6 +120,20 @@ class MetricKeys:
     LOSS = 'loss'
 
 
+class TrainerStages:
+    """``modelscope.utils.constant.TrainerStages``: the hook stages (hookloop's names)."""
+    before_run = 'before_run'
+    before_train_epoch = 'before_train_epoch'
+    before_train_iter = 'before_train_iter'
+    after_train_iter = 'after_train_iter'
+    after_train_epoch = 'after_train_epoch'
+    before_val_epoch = 'before_val_epoch'
+    before_val_iter = 'before_val_iter'
+    after_val_iter = 'after_val_iter'
+    after_val_epoch = 'after_val_epoch'
+    after_run = 'after_run'
+
+
 class OutputKeys:
     """``modelscope.outputs.OutputKeys``."""
     LOSS = 'loss'
@@ -89,5 +141,6 @@ class OutputKeys:
     OUTPUT_IMGS = 'output_imgs'
 
 
-__all__ = ['build_trainer', 'EpochBasedTrainer', 'TrainingArgs', 'MsDataset', 'pipeline', 'Trainers', 'Tasks',
-           'DownloadMode', 'ModelFile', 'LogKeys', 'ModeKeys', 'Metrics', 'MetricKeys', 'OutputKeys']
+__all__ = ['build_trainer', 'EpochBasedTrainer', 'TrainingArgs', 'MsDataset', 'pipeline', 'Model', 'TorchModel',
+           'METRICS', 'default_group', 'Trainers', 'Tasks', 'DownloadMode', 'ModelFile', 'LogKeys', 'ModeKeys',
+           'Metrics', 'MetricKeys', 'TrainerStages', 'OutputKeys']

@@ -113,6 +113,8 @@ class ModelScopeDiffusionCheckpointHook(ModelScopeCheckpointHook):
         trained_state: ``trained_state()`` returns the trained tensors, checked before writing.
     """
 
+    copies_model_files = False  # ModelScope's Stable Diffusion models write their output/ themselves
+
     def __init__(self, write_weights=None, trained_state=None, **kwargs):
         super().__init__(**kwargs)
         if not callable(write_weights) or not callable(trained_state):
