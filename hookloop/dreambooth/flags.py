@@ -77,6 +77,7 @@ FLAGS = {
     'validation_images': ('unsupported', 'for image-conditioned pipelines (variation, super-resolution) only'),
     'class_labels_conditioning': ('unsupported', 'for DeepFloyd IF UNets only'),
     'rank': ('spelt', 'lora=dict(rank=N) (alpha defaults to the rank, as diffusers)'),
+    'lora_dropout': ('spelt', 'lora=dict(dropout=P)'),
     'image_interpolation_mode': ('same', 'image_interpolation_mode (lanczos by default with lora)'),
 }
 
