@@ -6,9 +6,25 @@ import csv
 import json
 import os
 
+import pytest
 import torch
 
 RESOLUTION = 16
+
+
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """The model is tiny: one thread is much faster than two fighting over shared cores
+    (a test module that imports this fixture runs with it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope='module')
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp('ms_model'))
 
 
 def configuration(**train):

@@ -11,24 +11,10 @@ import torch
 from conftest import train_and_close as train
 from hookloop import TRAINERS, ConfigError, Hook, build_trainer
 from log_utils import json_records
-from modelscope_sd_helpers import make_dataset_dir, make_model_dir, noise_png, rows_of
+from modelscope_sd_helpers import make_dataset_dir, model_dir, noise_png, one_thread, rows_of  # noqa: F401 (fixtures)
 
 pytest.importorskip('diffusers')
 pytest.importorskip('peft')
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    # The model is tiny: one thread is much faster than two fighting over shared cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope='module')
-def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp('ms_model'))
 
 
 @pytest.fixture(scope='module')

@@ -27,26 +27,12 @@ from PIL import Image
 from conftest import train_and_close as train
 from hookloop import Hook, build_trainer
 from hookloop.dreambooth.dataset import image_to_tensor
-from modelscope_sd_helpers import make_dataset_dir, make_model_dir, noise_png, rows_of
+from modelscope_sd_helpers import make_dataset_dir, model_dir, noise_png, one_thread, rows_of  # noqa: F401 (fixtures)
 
 pytest.importorskip('diffusers')
 pytest.importorskip('peft')
 
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    # The model is tiny: one thread is much faster than two fighting over shared cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 STEPS = 5
-
-
-@pytest.fixture(scope='module')
-def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp('eq_model'))
 
 
 @pytest.fixture(scope='module')

@@ -12,21 +12,14 @@ import pytest
 import torch
 
 from hookloop.checkpoint.format import load_checkpoint, read_pointer
-from modelscope_sd_helpers import make_dataset_dir, make_model_dir, noise_png, run_trainer
+from modelscope_sd_helpers import make_dataset_dir, make_model_dir, noise_png, one_thread, run_trainer  # noqa: F401
+from resume_helpers import kill_group
 
 pytest.importorskip('diffusers')
 pytest.importorskip('peft')
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope='module')
@@ -78,10 +71,7 @@ def test_kill_9_then_resume_auto_is_bitwise_the_uninterrupted_run(tmp_path, inpu
         if process.poll() is None:
             process.kill()
             process.wait()
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_group(process.pid)  # and what it started
     final = load_checkpoint(read_pointer(str(work_dir)))
     expected = load_checkpoint(read_pointer(str(tmp_path / 'reference')))
     assert final['meta']['iter'] == expected['meta']['iter'] == 6

@@ -18,23 +18,10 @@ import pytest
 import torch
 
 from modelscope_alias import install
-from modelscope_sd_helpers import make_dataset_dir, make_model_dir
+from modelscope_sd_helpers import make_dataset_dir, model_dir, one_thread  # noqa: F401 (fixtures)
 
 pytest.importorskip('diffusers')
 pytest.importorskip('peft')
-
-
-@pytest.fixture(scope='module', autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope='module')
-def model_dir(tmp_path_factory):
-    return make_model_dir(tmp_path_factory.mktemp('ex_model'))
 
 
 @pytest.fixture(scope='module')

@@ -284,18 +284,21 @@ class DiffusersDreamBooth(nn.Module):
                                   device=latents.device)
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
         prediction = self.unet(noisy, timesteps, self.encode_prompts(prompts, latents.device)).sample
-        kind = self.noise_scheduler.config.prediction_type
-        if kind == 'epsilon':
-            target = noise
-        elif kind == 'v_prediction':
-            target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
-        else:
-            raise ConfigError(f'DiffusersDreamBooth: unsupported scheduler prediction_type {kind!r}')
-        outputs = {'model_pred': prediction, 'target': target}
+        outputs = {'model_pred': prediction, 'target': self.training_target(latents, noise, timesteps)}
         if self.snr_gamma is not None:
             outputs['sample_weight'] = min_snr_weights(self.noise_scheduler.alphas_cumprod, timesteps,
-                                                     self.snr_gamma, kind)
+                                                     self.snr_gamma, self.noise_scheduler.config.prediction_type)
         return outputs
+
+    def training_target(self, latents, noise, timesteps):
+        """What the UNet learns to predict, as the scheduler's ``prediction_type`` says: the noise
+        (``epsilon``) or the velocity (``v_prediction``)."""
+        kind = self.noise_scheduler.config.prediction_type
+        if kind == 'epsilon':
+            return noise
+        if kind == 'v_prediction':
+            return self.noise_scheduler.get_velocity(latents, noise, timesteps)
+        raise ConfigError(f'{type(self).__name__}: unsupported scheduler prediction_type {kind!r}')
 
     def pipeline(self):
         """A ``StableDiffusionPipeline`` over the current parts (the UNet as trained; a freed

@@ -81,13 +81,7 @@ class ModelScopeStableDiffusion(DiffusersDreamBooth):
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
         with torch.no_grad():
             states = self.text_encoder(self._tokens(captions, latents.device))[0]
-        kind = self.noise_scheduler.config.prediction_type
-        if kind == 'epsilon':
-            goal = noise
-        elif kind == 'v_prediction':
-            goal = self.noise_scheduler.get_velocity(latents, noise, timesteps)
-        else:
-            raise ConfigError(f'stable-diffusion: unsupported scheduler prediction_type {kind!r}')
+        goal = self.training_target(latents, noise, timesteps)
         prediction = self.unet(noisy, timesteps, states).sample
         if prediction.shape[1] == 6:  # a UNet that also predicts the variance
             prediction = prediction.chunk(2, dim=1)[0]
