@@ -10,6 +10,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -146,3 +147,24 @@ def test_the_checkpoint_hook_declares_its_output_folders(tmp_path):
         assert escaping.output_dirs(trainer)['output'] == os.path.join(trainer.work_dir, '../x')  # preflight judges
     finally:
         trainer.close()
+
+
+def test_an_output_dir_outside_the_work_dir(tmp_path):
+    """Issue 40 item 7: ``output_dir='../x'`` is refused before anything is written; an absolute
+    ``output_dir`` is written, logged and locked with the work dir (the preflight of engine/preflight.py)."""
+    from hookloop import ConfigError
+    from hookloop.fileio.work_dir import WorkDir
+    if not hasattr(WorkDir, 'lock_outside'):
+        pytest.skip('needs the preflight that keeps hooks\' outputs under the work dir (issue 40, branch trust)')
+    escaping = configuration(tmp_path, train={'hooks': [{'type': 'CheckpointHook', 'interval': 1,
+                                                         'output_dir': '../x'}]})
+    with pytest.raises(ConfigError, match='leaves the work dir'):
+        run(escaping, model=Dummy(), train_dataset=Rows(4), max_epochs=1)
+    assert not (tmp_path / 'x').exists() and not (tmp_path / 'work' / 'epoch_1.pth').exists()
+    elsewhere = tmp_path / 'elsewhere'
+    named = configuration(tmp_path, train={'hooks': [{'type': 'CheckpointHook', 'interval': 1,
+                                                      'output_dir': str(elsewhere)}]})
+    trainer = run(named, model=Dummy(), train_dataset=Rows(4), max_epochs=1)
+    assert {ModelFile.CONFIGURATION, ModelFile.TORCH_MODEL_BIN_FILE} <= set(os.listdir(elsewhere))
+    [log] = [n for n in os.listdir(trainer.work_dir) if n.endswith('.log')]
+    assert f'writes its output outside the work dir, to {elsewhere}' in open(os.path.join(trainer.work_dir, log)).read()
