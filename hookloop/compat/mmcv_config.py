@@ -126,7 +126,7 @@ def translate(cfg, target, build_data=True):
     _auto_scale_lr(cfg, problems, notes)
     _model_cfgs(cfg)
     _workflow(cfg, problems, notes, iter_based)
-    _evaluation(cfg, problems, notes, iter_based, build_data)
+    _evaluation(cfg, problems, notes, iter_based, build_data, mmcv_run)
     if iter_based:
         for key, value in iter_based_defaults(**{k: cfg.get(k) for k in _BY_EPOCH_CONFIGS}).items():
             if value is not None:
@@ -345,6 +345,8 @@ def _data(cfg, problems):
             from ..engine.builder import build_dataset
             dataset = ConcatDataset([build_dataset(d) for d in dataset])
         cfg[target] = _loader(dataset, options, shuffle)
+        if split == 'val':
+            cfg['_val_from_data'] = True
     cfg['_samples_per_gpu'] = data.get('samples_per_gpu')
 
 
@@ -410,8 +412,13 @@ def _workflow(cfg, problems, notes, iter_based):
             problems.append("workflow has ('val', k) but there is no val data (data.val or val_dataloader)")
 
 
-def _evaluation(cfg, problems, notes, iter_based, build_data=True):
+def _evaluation(cfg, problems, notes, iter_based, build_data=True, mmcv_run=False):
     evaluation = cfg.get('evaluation')
+    from_data = cfg.pop('_val_from_data', False)
+    if evaluation is None and from_data and mmcv_run:
+        # The OpenMMLab train scripts validate with EvalHook(**cfg.get('evaluation', {})): the
+        # val dataset's evaluate() every epoch (every interval of iterations), also without the key.
+        evaluation = {}
     if not isinstance(evaluation, Mapping):
         return
     evaluation = dict(evaluation)
@@ -422,7 +429,8 @@ def _evaluation(cfg, problems, notes, iter_based, build_data=True):
         notes.append(f'evaluation {ignored} have no effect here (results are gathered in memory)')
     eval_kwargs = {k: evaluation.pop(k) for k in list(evaluation) if k not in _EVAL_HOOK_KEYS}
     cfg['evaluation'] = evaluation
-    if not eval_kwargs:
+    dataset_evaluates = from_data and mmcv_run and cfg.get('val_evaluator') is None
+    if not eval_kwargs and not dataset_evaluates:
         return
     if cfg.get('val_evaluator') is not None:
         problems.append(f'evaluation has dataset options {sorted(eval_kwargs)} and val_evaluator is set; keep one')
@@ -438,6 +446,10 @@ def _evaluation(cfg, problems, notes, iter_based, build_data=True):
     try:
         dataset = build_dataset(loader['dataset'])  # built once: the loader and the evaluator share it
         cfg['val_dataloader'] = {**loader, 'dataset': dataset}
+        if not eval_kwargs and not callable(getattr(dataset, 'evaluate', None)):
+            notes.append(f'data.val: {type(dataset).__name__} has no evaluate(results, ...) for MMCV\'s EvalHook; '
+                         'validation logs the model\'s own outputs')
+            return
         cfg['val_evaluator'] = DatasetEvaluator(dataset, **eval_kwargs)
     except ConfigError as exc:
         problems.append(str(exc))
