@@ -119,7 +119,7 @@ def translate(cfg, target, build_data=True):
     _import_custom(cfg, problems, notes)
     _run_length(cfg, problems, notes)
     _optimizers(cfg, problems)
-    _unknown_types(cfg, problems)
+    _unknown_types(cfg, problems, build_data)
     iter_based = cfg.pop('_iter_based', False)
     _process_settings(cfg, problems, notes)
     _data(cfg, problems)
@@ -176,9 +176,10 @@ def _as_mmcv_builds(cfg):
         cfg['optimizer'] = {**optimizer, 'constructor': 'DefaultOptimizerConstructor'}
 
 
-def _unknown_types(cfg, problems):
+def _unknown_types(cfg, problems, build_data=True):
     """Every ``type`` (and LR / momentum ``policy``) of the config that names nothing registered,
-    all in the one error (a config with an unknown optimizer, policy and hook says all three)."""
+    all in the one error (a config with an unknown optimizer, policy and hook says all three).
+    ``build_data=False`` (``hookloop hooks``, which builds neither): the hooks' types only."""
     from ..engine.hook_list import policy_hook_cfg
     from ..optim.constructor import OPTIMIZER_CONSTRUCTORS, is_optimizer_dict_cfg
     from ..registry import DATASETS, HOOKS, MODELS, OPTIMIZERS
@@ -197,7 +198,8 @@ def _unknown_types(cfg, problems):
             except ConfigError as exc:
                 problems.append(f'{where}: {exc}')
 
-    check(MODELS, cfg.get('model'), 'model')
+    if build_data:
+        check(MODELS, cfg.get('model'), 'model')
     optimizer = cfg.get('optimizer')
     for name, spec in optimizer.items() if is_optimizer_dict_cfg(optimizer) else [(None, optimizer)]:
         where = 'optimizer' if name is None else f'optimizer.{name}'
@@ -219,7 +221,7 @@ def _unknown_types(cfg, problems):
     for index, hook in enumerate([custom] if isinstance(custom, Mapping) else custom or []):
         check(HOOKS, hook, f'custom_hooks[{index}]')
     data = cfg.get('data')
-    for split in ('train', 'val'):
+    for split in ('train', 'val') if build_data else ():
         if isinstance(data, Mapping):
             for spec in data.get(split) if isinstance(data.get(split), (list, tuple)) else [data.get(split)]:
                 check(DATASETS, spec, f'data.{split}')

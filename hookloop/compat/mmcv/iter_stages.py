@@ -8,8 +8,10 @@ iteration-based MMCV run :func:`apply_iter_runner_stages` rewrites the trainer's
 table: a hook whose epoch-stage code is MMCV code (a repository's or a user's hook, or one of
 ``hookloop.compat.mmcv``'s own MMCV hooks) is not called at the passes' epoch stages; its
 ``before_epoch`` runs once after every hook's ``before_run``, its ``after_epoch`` once before
-the first ``after_run`` when the run ended without an error. hookloop's own hooks (timer,
-loggers, checkpoint, evaluation...) keep their epoch stages: they are written for the passes.
+the first ``after_run`` when the run ended without an error. A hook set to count epochs
+(``by_epoch=True``) acts at no pass's end (no ``after_train_epoch``), as in MMCV. Otherwise
+hookloop's own hooks (timer, loggers, checkpoint, evaluation...) keep their epoch stages: they
+are written for the passes.
 """
 from ...hooks.base import GENERIC_STAGE, Hook
 
@@ -24,6 +26,13 @@ def runs_mmcv_code(hook, stage):
         method = getattr(type(hook), GENERIC_STAGE[stage])
     module = getattr(method, '__module__', None) or ''
     return not module.startswith('hookloop.') or module.startswith('hookloop.compat.mmcv')
+
+
+def counts_epochs(hook):
+    """A hook set to act per epoch (``by_epoch=True``): in an IterBasedRunner run MMCV never
+    calls its ``after_train_epoch`` (a CheckpointHook registered with ``by_epoch=True`` saves
+    nothing, an EvalHook with it never evaluates)."""
+    return getattr(hook, 'by_epoch', None) is True
 
 
 class _OncePerRun:
@@ -49,11 +58,11 @@ def apply_iter_runner_stages(dispatch, hooks):
     """Rewrite ``dispatch`` (stage -> bound methods, the trainer's table) in place for an
     iteration-based MMCV run (see the module docstring). ``hooks``: the hooks in run order."""
     for stage in EPOCH_STAGES:
-        dispatch[stage] = [method for method in dispatch[stage]
-                           if not runs_mmcv_code(method.__self__, stage)]
+        dispatch[stage] = [method for method in dispatch[stage] if not runs_mmcv_code(method.__self__, stage)
+                           and not (stage == 'after_train_epoch' and counts_epochs(method.__self__))]
     once = _OncePerRun(hooks)
     dispatch['before_run'] = list(dispatch['before_run']) + [once.before_epoch]
     dispatch['after_run'] = [once.after_epoch] + list(dispatch['after_run'])
 
 
-__all__ = ['apply_iter_runner_stages', 'runs_mmcv_code']
+__all__ = ['apply_iter_runner_stages', 'counts_epochs', 'runs_mmcv_code']

@@ -26,6 +26,7 @@ pointer moves to (MMCV code resumes from it), the runner's ``meta`` in every che
 """
 import os
 
+from ...checkpoint.format import load_checkpoint
 from ...engine.checkpointer import plain
 from ...engine.trainer import Trainer
 from ...errors import ConfigError, ConfigTypeError
@@ -132,7 +133,17 @@ class MMCVTrainer(Trainer):
         if not resume_optimizer:
             raise ConfigError('resume(resume_optimizer=False) is not supported: hookloop resumes exactly; '
                               'use load_checkpoint(path) to start from the weights only')
-        return super().resume(checkpoint)
+        result = super().resume(checkpoint)
+        # MMCV's runner.meta takes the checkpoint's meta at once (hook_msgs: the best checkpoint...);
+        # the rest of the state is restored when the run starts (or now, during a run)
+        if isinstance(result, dict):
+            saved = result
+        else:  # a sharded checkpoint's meta comes with its restore
+            saved = load_checkpoint(checkpoint, map_location='cpu') if storage.isfile(checkpoint) else {}
+        if self.meta is None:
+            self.meta = self.runner_meta = {}
+        self.meta.update(saved.get('meta', {}))
+        return result
 
     # -- hooks -------------------------------------------------------------------------------
     def resolve_hooks(self):
