@@ -12,26 +12,27 @@ import os
 from ..errors import ConfigError
 from . import storage
 from .paths import check_can_create_dir, ensure_writable_dir
+from .work_dir_identity import lock_identity, resolve_location
 from .work_dir_lock import WorkDirLock
 
 
 class WorkDir:
     """``WorkDir(work_dir, rank)``: checks that rank 0 can create ``work_dir`` (a path or an
-    fsspec URL; ``file://`` is a local path) and knows where its parts go; creates nothing."""
+    fsspec URL; ``file:``/``local:`` URLs are local paths, protocol aliases one spelling: see
+    :mod:`hookloop.fileio.work_dir_identity`) and knows where its parts go; creates nothing."""
 
     def __init__(self, work_dir, rank=0):
         if not isinstance(work_dir, (str, os.PathLike)):
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
         self.rank = rank
-        work_dir = os.fspath(work_dir)
-        if work_dir.startswith('file://'):  # a local directory: one lock, one spelling (its real path)
-            work_dir = work_dir[len('file://'):] or '/'
+        work_dir = resolve_location(work_dir)  # one spelling per place: file:/DIR -> /DIR, s3a:// -> s3://
         if storage.is_url(work_dir):
             # Created when the run starts too (claim); the protocol is checked now.
             storage.check_url(work_dir, 'work_dir')  # s3://b/x/../run is a key of its own, never s3://b/run
-            self.storage_dir, self.local_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
+            self.storage_dir = work_dir.rstrip('/')
+            # The lock lives in the local mirror, which is one per store and prefix (work_dir_identity).
+            self.local_dir = storage.local_mirror(lock_identity(self.storage_dir))
             if rank == 0:
-                storage.filesystem(self.storage_dir)  # an unknown protocol fails here, in one line
                 check_can_create_dir(self.local_dir, 'local mirror of work_dir')
         else:
             self.storage_dir = self.local_dir = os.path.abspath(work_dir)
