@@ -65,7 +65,7 @@ class WorkDir:
 
     def check_lock(self):
         """A ConfigError when the lock file held was deleted or replaced (another run may own
-        the dir now); called before each checkpoint write."""
+        the dir now); called before each checkpoint write and by ``WorkDirLockHook`` at every log event."""
         self._lock.check()
 
     def join(self, path):
