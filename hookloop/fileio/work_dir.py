@@ -39,34 +39,54 @@ class WorkDir:
             if rank == 0:  # created when the run starts, so a failed build leaves nothing behind
                 check_can_create_dir(self.local_dir, 'work_dir')
         self._lock = WorkDirLock(self.local_dir)  # the local dir (for a URL run: its local mirror)
+        self._outside = []  # (directory, its lock): outputs named outside the work dir (lock_outside)
 
     @property
     def mirrored(self):
         """True when ``storage_dir`` is a URL and ``local_dir`` its local mirror."""
         return self.storage_dir != self.local_dir
 
+    def lock_outside(self, directories):
+        """Directories outside the work dir this run will write into (an absolute ``out_dir`` a
+        user gave a hook; local paths or URLs): :meth:`claim` creates and locks each as it does
+        the work dir, so two runs never write into one, and :meth:`release` frees them."""
+        held = {}
+        for directory in directories:
+            location = resolve_location(directory, 'output directory')
+            local = storage.local_mirror(lock_identity(location)) if storage.is_url(location) else location
+            held.setdefault(os.path.realpath(local), WorkDirLock(local))  # one lock per place
+        self._outside = list(held.items())
+
     def claim(self):
-        """Rank 0: create the work dir and take its lock for the whole run (one run per dir;
-        a ConfigError naming the holder when another run has it). Other ranks: nothing."""
+        """Rank 0: create the work dir (and the directories of :meth:`lock_outside`) and take
+        their locks for the whole run (one run per dir; a ConfigError naming the holder when
+        another run has one). Other ranks: nothing."""
         if self.rank != 0:
             return
         ensure_writable_dir(self.local_dir, 'local mirror of work_dir' if self.mirrored else 'work_dir')
         self._lock.acquire()
-        if self.mirrored:  # a URL: not locked across machines (see docs/checkpoints.md)
-            try:
+        try:
+            for directory, lock in self._outside:
+                ensure_writable_dir(directory, 'output directory')
+                lock.acquire()
+            if self.mirrored:  # a URL: not locked across machines (see docs/checkpoints.md)
                 storage.makedirs(self.storage_dir)
-            except BaseException:
-                self._lock.release()
-                raise
+        except BaseException:
+            self.release()
+            raise
 
     def release(self):
-        """Release the lock (no effect when it is not held)."""
+        """Release the locks (no effect on those not held)."""
+        for _, lock in self._outside:
+            lock.release()
         self._lock.release()
 
     def check_lock(self):
-        """A ConfigError when the lock file held was deleted or replaced (another run may own
+        """A ConfigError when a lock file held was deleted or replaced (another run may own
         the dir now); called before each checkpoint write and by ``WorkDirLockHook`` at every log event."""
         self._lock.check()
+        for _, lock in self._outside:
+            lock.check()
 
     def join(self, path):
         """``path`` (absolute, or relative to ``storage_dir``; a local path or a URL) as written to."""
