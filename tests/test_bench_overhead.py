@@ -18,12 +18,10 @@ def _bench(*args):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_overhead_bench_runs_and_reports_the_batches():
+def test_overhead_bench_runs_and_reports_its_figures():
     row = _bench()
-    for key in ('plain_us', 'hookloop_us', 'framework_us', 'framework_mean_us', 'framework_cycle_us', 'batch_us'):
+    for key in ('plain_us', 'hookloop_us', 'framework_us', 'framework_mean_us', 'framework_cycle_us'):
         assert isinstance(row[key], (int, float)), key
-    # 20 log events in 200 iterations: their lines went through the timed batch flush
-    assert row['batch_us'] > 0
     assert row['iters'] == 200 and row['mode'] == 'default' and row['event'] == 'full'
     assert len(row['positions_us']) == 10  # one per position of the log cycle (interval 10)
     assert row['records'] == 20

@@ -19,9 +19,9 @@ from ..logging.flusher import flush_logs
 from .hook_list import HookList
 from .iteration_calls import iteration_stages
 
-# Stages before which the log files are flushed (their lines wait for the flusher otherwise):
-# a hook there may read them, and a checkpoint is built with the lines of the iterations before
-# its own on disk (its own iteration's line comes after: loggers run last).
+# Stages before which the trackers' waiting records are handed over (hookloop.logging.flusher):
+# a hook there may read them, and a checkpoint is built with the records of the iterations before
+# its own handed over (its own iteration's come after: loggers run last).
 FLUSH_BEFORE = frozenset(('after_train_epoch', 'after_val_epoch', 'before_save_checkpoint'))
 
 
