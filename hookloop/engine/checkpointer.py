@@ -8,6 +8,7 @@ subclass that extends one of them (MMCV's runner adds its ``meta``) is used by e
 """
 import math
 import time
+import weakref
 from collections.abc import Mapping
 
 import torch
@@ -56,7 +57,7 @@ class Checkpointer:
     """
 
     def __init__(self, trainer, optimizer_cfg=None):
-        self._trainer = trainer
+        self._trainer = weakref.proxy(trainer)  # (the trainer owns this: no cycle that keeps a dropped one alive)
         self._optimizer_cfg = optimizer_cfg
         self.async_writer = None
 
