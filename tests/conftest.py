@@ -55,3 +55,12 @@ def flush_every():
     previous = flusher.FLUSH_SECONDS
     yield flusher.set_period
     flusher.set_period(previous)
+
+
+@pytest.fixture
+def mmcv_alias():
+    """``import mmcv.X`` gives ``hookloop.compat.mmcv.X`` during the test (tests/mmcv_style/alias.py)."""
+    from mmcv_style.alias import MMCVAlias
+    alias = MMCVAlias().install()
+    yield alias
+    alias.remove()

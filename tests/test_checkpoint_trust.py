@@ -16,7 +16,7 @@ from hookloop import Hook, Trainer
 from hookloop.fileio import hashing
 from hookloop.checkpoint.checksum import checksum_path
 from hookloop.checkpoint.format import POINTER_NAME, load_checkpoint, read_pointer, save_checkpoint, update_pointer
-from hookloop.checkpoint.dcp_metadata import read_dcp_metadata
+from hookloop.dist.dcp_metadata import read_dcp_metadata
 from hookloop.errors import CheckpointError, ConfigError
 from hookloop.checkpoint.sharded_files import META_FILE, write_shard_checksums
 from resume_helpers import ForkedRun, assert_states_equal, kill_leftovers, write_config

@@ -10,6 +10,7 @@ import torch
 from conftest import train_and_close as train
 from hookloop import CheckpointError, ConfigError, Hook, build_trainer
 from hookloop.checkpoint.format import load_checkpoint, read_pointer
+from hookloop.fileio.hashing import default_algorithm
 from hookloop.registry import HOOKS
 
 pytest.importorskip('diffusers')
@@ -75,7 +76,7 @@ def test_lora_trains_only_adapters_and_load_lora_weights_reproduces_the_result(t
     assert any(not torch.equal(after[k], before[k]) for k in before if '.lora_B' in k)
 
     saved = tmp_path / 'work' / 'pipeline'
-    assert os.listdir(saved) == ['pytorch_lora_weights.safetensors']
+    assert sorted(os.listdir(saved)) == ['pytorch_lora_weights.safetensors', 'pytorch_lora_weights.safetensors.' + default_algorithm()]
     plain = StableDiffusionPipeline.from_pretrained(base)
     base_image = image(plain)
     plain.load_lora_weights(str(saved))
@@ -227,6 +228,6 @@ def test_the_lora_example_config_trains_on_a_random_pipeline(tmp_path, base):
         'validation.num_inference_steps=2', 'checkpoint_config.interval=2', 'lr_config.warmup_iters=1'],
         work_dir=str(tmp_path / 'work'))
     train(trainer)
-    assert os.listdir(tmp_path / 'work' / 'pipeline') == ['pytorch_lora_weights.safetensors']
+    assert sorted(os.listdir(tmp_path / 'work' / 'pipeline')) == ['pytorch_lora_weights.safetensors', 'pytorch_lora_weights.safetensors.' + default_algorithm()]
     assert len(os.listdir(tmp_path / 'work' / 'validation' / 'iter_2')) == 2
     assert not any(k.startswith('vae.') for k in load_checkpoint(read_pointer(str(tmp_path / 'work')))['state_dict'])

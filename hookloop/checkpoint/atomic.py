@@ -7,6 +7,7 @@ name, so one patch of a step is seen by every save path.
 """
 import glob
 import os
+import shutil
 import tempfile
 
 from ..errors import CheckpointError
@@ -15,7 +16,8 @@ from ..fileio import storage
 TMP_SUFFIX = storage.TMP_SUFFIX  # local temporaries are named like the object-store ones
 
 
-def _fsync_dir(directory):
+def fsync_dir(directory):
+    """fsync ``directory`` (its entries survive a crash of the machine), where the filesystem allows."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # some filesystems do not open directories; the rename is still atomic
@@ -26,7 +28,7 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
-def _umask():
+def umask():
     # The only portable way to read the umask is to set it; put it straight back.
     mask = os.umask(0o022)
     os.umask(mask)
@@ -50,7 +52,7 @@ def write_temporary(path, write):
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp_path = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.', suffix=TMP_SUFFIX, dir=directory)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, 'wb') as file:
             write(file)
             file.flush()
@@ -90,7 +92,7 @@ def commit(tmp_path, path):
         discard(tmp_path)
         raise
     try:
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
     except OSError as exc:  # after the rename: the new file is in place, not the previous one
         raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
                                  f'({io_reason(exc)}): it may not survive a crash of the machine') from exc
@@ -104,7 +106,7 @@ def atomic_write(path, write):
 
 
 def remove_stale_temporaries(directory):
-    """Delete ``.<name>.<random>.tmp`` files that a killed writer left in ``directory``.
+    """Delete ``.<name>.<random>.tmp`` files (and directories) that a killed writer left in ``directory``.
 
     Only rank 0 of the run that owns ``directory`` (it holds the work dir's lock) calls this."""
     if storage.is_url(directory):
@@ -112,7 +114,10 @@ def remove_stale_temporaries(directory):
     removed = []
     for path in glob.glob(os.path.join(glob.escape(directory), '.*' + TMP_SUFFIX)):
         try:
-            os.unlink(path)
+            if os.path.isdir(path) and not os.path.islink(path):  # a weights directory's (checkpoint/gate.py)
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
             removed.append(path)
         except OSError:
             pass

@@ -2,9 +2,8 @@
 
 A checkpoint is a dict of tensors and plain containers, so
 ``torch.load(weights_only=True)`` reads it and a stranger's file runs no code. The steps of a
-save are :mod:`hookloop.checkpoint.atomic`'s and :mod:`hookloop.checkpoint.checksum`'s.
+save are the gate's (:mod:`hookloop.checkpoint.gate`: atomic write, checksum sidecar).
 """
-import errno
 import io
 import os
 import pickle
@@ -16,8 +15,8 @@ import torch
 from ..errors import CheckpointError
 from ..fileio import hashing
 from ..fileio import storage
-from . import atomic, checksum
-from .atomic import DirectorySyncError, io_reason
+from . import atomic, checksum, gate
+from .atomic import io_reason
 from .checksum import CHECKSUM_SUFFIXES
 # engine/trainer.py (being split into the Checkpointer on another branch) imports these from here;
 # drop this line once nothing does: the RNG state is checkpoint/rng.py's.
@@ -28,48 +27,10 @@ POINTER_NAME = 'last_checkpoint'
 
 def save_checkpoint(checkpoint, path):
     """Write ``checkpoint`` to ``path`` (a local path or a URL): temporary file, fsync,
-    checksum sidecar, rename. CheckpointError on I/O failure (the previous file at ``path``
-    is kept)."""
-    algorithm, digest = hashing.default_algorithm(), []
-
-    def write(file):  # the checksum is computed as the bytes are written: no second read
-        hashed = hashing.HashingWriter(file, algorithm)
-        torch.save(checkpoint, hashed)
-        digest.append(hashed.hexdigest())
-
-    try:
-        tmp_path = atomic.write_temporary(path, write)
-        synced = None
-        try:
-            checksum.write_checksum(path, digest[0], algorithm)
-        except DirectorySyncError as exc:  # the new sidecar is in place: the checkpoint must join it
-            synced = exc
-        except BaseException:
-            atomic.discard(tmp_path)
-            raise
-        atomic.commit(tmp_path, path)
-        checksum.remove_other_checksums(path, algorithm)
-        if synced is not None:
-            raise DirectorySyncError(f'{path} was written and renamed into place, but syncing its directory failed '
-                                     f'({io_reason(synced.__cause__)}): it may not survive a crash of the machine')
-    except (OSError, RuntimeError) as exc:  # torch's zip writer reports a failed write as RuntimeError
-        # ("enforce fail ... unexpected pos"), with the file's OSError (ENOSPC, EIO) as its context
-        reason = io_reason(exc.__context__ if isinstance(exc, RuntimeError) and isinstance(exc.__context__, OSError)
-                           else exc)
-        if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):
-            reason = os.strerror(errno.ENOSPC)
-        raise CheckpointError(f'could not write checkpoint {path}: {reason}; '
-                              'the previous checkpoint is kept') from exc
-
-
-def _disk_full(path):
-    if storage.is_url(path):
-        return False
-    try:
-        stats = os.statvfs(os.path.dirname(os.path.abspath(path)))
-    except OSError:
-        return False
-    return stats.f_bavail == 0
+    checksum sidecar, rename (:func:`hookloop.checkpoint.gate.write_file`). CheckpointError on
+    I/O failure (the previous checkpoint at ``path`` is kept). The finite check is the
+    caller's (it knows the run's baseline)."""
+    gate.write_file(path, lambda file: torch.save(checkpoint, file), 'checkpoint')
 
 
 def write_checkpoint(checkpoint, path, pointer_dir=None):
@@ -184,20 +145,17 @@ def read_pointer(work_dir, also_inside=()):
     return path
 
 
-def save_safetensors(state_dict, path):
-    """Export tensors (weights only, no code, no pickle) to ``path`` atomically."""
+def safetensors_bytes(state_dict):
+    """The bytes of a ``.safetensors`` file holding the tensors of ``state_dict`` (weights only,
+    no code, no pickle)."""
     try:
-        from safetensors.torch import save as safetensors_bytes
+        from safetensors.torch import save as to_bytes
     except ImportError:
         raise CheckpointError('safetensors export needs the safetensors package (pip install safetensors)') from None
     # safetensors refuses shared or non-contiguous storage; a private contiguous copy
     # of each tensor is what a weights file should hold anyway.
-    tensors = {key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
-               if hasattr(value, 'detach')}
-    try:
-        atomic.atomic_write(path, lambda f: f.write(safetensors_bytes(tensors)))
-    except OSError as exc:
-        raise CheckpointError(f'could not write {path}: {io_reason(exc)}') from exc
+    return to_bytes({key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
+                     if hasattr(value, 'detach')})
 
 
 def load_checkpoint(path, map_location='cpu', verify=True):

@@ -18,15 +18,17 @@ from .atomic import TMP_SUFFIX
 from .checksum import CHECKSUM_SUFFIXES
 from .format import POINTER_NAME, inside, load_checkpoint, read_pointer
 from ..errors import CheckpointError
-from .sharded_files import is_sharded_checkpoint, verify_sharded
+from .sharded_files import is_sharded_checkpoint, verify_shard_files
 from .integrity import UnverifiedCheckpointError, require_sidecar
 
 _POSITION = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
 
 
-def load_verified(path, map_location='cpu'):
+def load_verified(path, map_location='cpu', verify_sharded=verify_shard_files):
     """The checkpoint dict at ``path`` (a file, or a sharded directory's ``hookloop.pth``),
-    checksums verified; CheckpointError when it is damaged or not a checkpoint."""
+    checksums verified; CheckpointError when it is damaged or not a checkpoint.
+    ``verify_sharded(path)`` checks a sharded directory (the engine passes
+    :func:`hookloop.dist.fsdp.verify_sharded`, which also reads ``.metadata``)."""
     if is_sharded_checkpoint(path):
         return verify_sharded(path)
     checkpoint = load_checkpoint(path, map_location=map_location)
@@ -90,10 +92,11 @@ def set_aside(path):
     return target
 
 
-def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location='cpu', rename_damaged=False):
-    """``(path, checkpoint)`` of the newest good checkpoint, or ``None`` when the work dir
-    has no checkpoint at all. CheckpointError when checkpoints exist but none is usable, or
-    when the pointer names a path outside the work dir and ``directories``."""
+def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location='cpu', rename_damaged=False,
+                   verify_sharded=verify_shard_files):
+    """``(path, checkpoint)`` of the newest good checkpoint (verified by :func:`load_verified`),
+    or ``None`` when the work dir has no checkpoint at all. CheckpointError when checkpoints
+    exist but none is usable, or when the pointer names a path outside the work dir and ``directories``."""
     work_dir = os.fspath(work_dir)
     pointer = storage.join(work_dir, POINTER_NAME)
     skipped = []
@@ -112,7 +115,7 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
             skipped.append((path, f'{POINTER_NAME} names it but it does not exist (moved or deleted?)'))
             continue
         try:
-            checkpoint = load_verified(path, map_location)
+            checkpoint = load_verified(path, map_location, verify_sharded)
         except CheckpointError as exc:
             moved = set_aside(path) if rename_damaged and not isinstance(exc, UnverifiedCheckpointError) else None
             skipped.append((path, str(exc) + (f' (renamed to {storage.basename(moved)})' if moved else '')))

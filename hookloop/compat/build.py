@@ -7,7 +7,8 @@ only. It lives in ``compat/`` because it uses the translators; the engine never 
 from ..engine.trainer import Trainer
 from ..registry import TRAINERS
 from . import modelscope
-from .mmcv_config import is_mmcv_config, translate
+from .mmcv.trainer import MMCVTrainer
+from .mmcv_config import is_mmcv_config, is_mmcv_run, translate
 
 
 def build_trainer(name='default', default_args=None):
@@ -17,7 +18,9 @@ def build_trainer(name='default', default_args=None):
     ModelScope ``configuration.json`` (or ``default_args=dict(cfg_file=..., cfg_modify_fn=...)``,
     :mod:`hookloop.compat.modelscope`) and MMCV 1.x keys (``runner``, ``data``, ``workflow``,
     ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
-    at start, likely typos are errors.
+    at start, likely typos are errors. An MMCV 1.x config (one with ``runner``, ``data``,
+    ``workflow``...) builds an :class:`~hookloop.compat.mmcv.trainer.MMCVTrainer`: the model in
+    ``MMDataParallel`` and MMCV's runner methods, for the hooks its repository ships.
     """
     args = dict(default_args or {})
     target = TRAINERS.get(name) if isinstance(name, str) else name
@@ -28,6 +31,8 @@ def build_trainer(name='default', default_args=None):
         elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
             # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
             args = modelscope.translate(args)
+        elif target is Trainer and is_mmcv_run(args):  # an MMCV 1.x config: hooks get MMCV's runner API
+            target = MMCVTrainer
         args, notes = translate(args, target)
     trainer = TRAINERS.build(dict(type=target, **args))
     for note in notes:

@@ -95,6 +95,13 @@ def iter_based_defaults(lr_config=None, momentum_config=None, checkpoint_config=
                 checkpoint_config=per_iteration(checkpoint_config), log_config=log_config)
 
 
+def is_mmcv_run(cfg):
+    """True when ``cfg`` has a key only MMCV 1.x configs have (``runner``, ``data``, ``workflow``,
+    ``total_epochs``, ...): the run is an MMCV run, built as MMCV's train scripts build it
+    (the model wrapped, the optimizer over all parameters, MMCV's runner methods)."""
+    return any(key in cfg for key in MMCV_KEYS)
+
+
 def is_mmcv_config(cfg):
     """True when ``cfg`` has MMCV 1.x keys or MMCV's hook configs (``lr_config``, ...): then a
     top-level ``train`` is a helper variable (mmocr's dataset dicts), not a ModelScope section."""
@@ -107,6 +114,7 @@ def translate(cfg, target, build_data=True):
     ConfigError listing every problem found. ``build_data=False`` (``hookloop hooks``) leaves
     the val dataset unbuilt, and so no ``dataset.evaluate`` evaluator."""
     known = trainer_arguments(target)
+    mmcv_run = is_mmcv_run(cfg)
     cfg, problems, notes = dict(cfg), [], []
     _import_custom(cfg, problems, notes)
     _run_length(cfg, problems, notes)
@@ -123,6 +131,10 @@ def translate(cfg, target, build_data=True):
         for key, value in iter_based_defaults(**{k: cfg.get(k) for k in _BY_EPOCH_CONFIGS}).items():
             if value is not None:
                 cfg[key] = value
+    if mmcv_run:
+        _as_mmcv_builds(cfg)
+        if 'iter_based_runner' in known:
+            cfg['iter_based_runner'] = iter_based
     helpers = []
     for name in list(cfg):
         if name in known:
@@ -143,6 +155,23 @@ def translate(cfg, target, build_data=True):
     if helpers:
         notes.append(f'config names not used by the trainer (helper variables, as MMCV allows): {", ".join(helpers)}')
     return cfg, notes
+
+
+def _as_mmcv_builds(cfg):
+    """The model and optimizer as the OpenMMLab train scripts build them: the model inside
+    ``MMDataParallel`` (hooks reach ``runner.model.module``), and a plain optimizer dict through
+    MMCV's ``DefaultOptimizerConstructor``, over all the parameters, frozen ones included (a hook
+    that unfreezes layers later trains them, as in MMCV)."""
+    from .mmcv.parallel import MMDataParallel, build_wrapped_model, is_module_wrapper
+    model = cfg.get('model')
+    if isinstance(model, torch.nn.Module) and not is_module_wrapper(model):
+        cfg['model'] = MMDataParallel(model)
+    elif isinstance(model, Mapping):
+        cfg['model'] = dict(type=build_wrapped_model, cfg=model)  # built by the trainer, after seeding
+    optimizer = cfg.get('optimizer')
+    if isinstance(optimizer, Mapping) and 'type' in optimizer and \
+            not {'constructor', 'paramwise_cfg', 'paramwise_options'} & set(optimizer):
+        cfg['optimizer'] = {**optimizer, 'constructor': 'DefaultOptimizerConstructor'}
 
 
 def _import_custom(cfg, problems, notes):

@@ -68,8 +68,7 @@ class ModelScopeBest(BestCheckpoint):
         return f'best_{unit}{count}_{key}{score}.pth'
 
 
-def _state_dict_bytes(model):
-    state = model.state_dict()
+def _state_dict_bytes(state):
     plain = OrderedDict((k, v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in state.items())
     metadata = getattr(state, '_metadata', None)
     if metadata is not None:
@@ -138,8 +137,9 @@ class ModelScopeCheckpointHook(CheckpointHook):
             return
         folder = storage.join(trainer.storage_dir, folder)
         storage.makedirs(folder)
-        data = _state_dict_bytes(trainer.model)
-        atomic_write(storage.join(folder, MODEL_FILE), lambda f: f.write(data))
+        state = trainer.model.state_dict()  # through the weights gate: finite, atomic, with its sidecar
+        trainer.checkpointer.export_file(storage.join(folder, MODEL_FILE), lambda f: f.write(_state_dict_bytes(state)),
+                                         state)
         if trainer.metrics:
             metrics = json.dumps({k: float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v
                                   for k, v in trainer.metrics.items()}, default=repr)

@@ -1,4 +1,5 @@
 """torch.distributed: the process group (torchrun), DDP/FSDP2 wrapping, and writing and loading
-sharded checkpoints through DCP (their files are ``checkpoint.sharded_files``').
+sharded checkpoints through DCP, their ``.metadata`` read safely (the files themselves are
+``checkpoint.sharded_files``').
 May import: ``checkpoint``, ``fileio``, ``config``, ``registry``, ``priority``, ``errors``.
 """

@@ -11,8 +11,8 @@ Under ``strategy='fsdp'`` a checkpoint path names a *directory*:
 
 ``hookloop.pth`` records the digest of ``shards.sha256``, so removing the manifest does not
 switch the check off (:mod:`hookloop.checkpoint.integrity`). Loading verifies the checksums first, reads
-``.metadata`` with a restricted unpickler (``dcp_metadata.py``) and checks it against this
-run's model and optimizer before any shard is read (``dcp_load.py``): a rigged directory
+``.metadata`` with a restricted unpickler (``dist/dcp_metadata.py``) and checks it against this
+run's model and optimizer before any shard is read (``dist/dcp_load.py``): a rigged directory
 runs no code and reads nothing outside itself.
 
 Resuming needs the same model and a process group of any size: DCP reshards. Tensors in
@@ -28,11 +28,12 @@ from collections.abc import Mapping
 import torch
 
 from ..checkpoint.format import save_checkpoint, update_pointer
-from ..checkpoint.dcp_load import load_dcp
-from ..checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, verify_sharded, write_shard_checksums
+from ..checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, verify_shard_files, write_shard_checksums
 # engine/trainer.py (being split on another branch) imports it from here; drop once nothing does.
 from ..checkpoint.sharded_files import is_sharded_checkpoint  # noqa: F401
 from ..errors import CheckpointError, ConfigError
+from .dcp_load import check_storage, load_dcp, shard_ends
+from .dcp_metadata import read_dcp_metadata
 
 PLACEHOLDER = 'hookloop.dcp:'  # a hook-state tensor stored in the DCP files under the key that follows
 
@@ -160,6 +161,23 @@ def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, wri
         if getattr(writer, 'process_group', None) is None:
             writer.process_group = torch.distributed.new_group(backend='gloo')
         writer.submit_sharded(dcp.async_save(states, checkpoint_id=path, process_group=writer.process_group), finish)
+
+
+def verify_sharded(path):
+    """Check a sharded checkpoint directory without running anything from it: its files
+    (:func:`~hookloop.checkpoint.sharded_files.verify_shard_files`), ``.metadata`` (read
+    through the restricted unpickler once it matched its digest) and its storage entries inside
+    the directory, each shard file no larger than they span before it is hashed. Returns
+    ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
+    checked = []
+
+    def shard_sizes(path):  # once .metadata matched its digest: bounds the shards before they are hashed
+        checked.append(check_storage(read_dcp_metadata(path), path))
+        return shard_ends(checked[0])
+    rest = verify_shard_files(path, shard_sizes)
+    if not checked:  # no manifest (HOOKLOOP_ALLOW_UNVERIFIED) or no shard file: the metadata is checked all the same
+        check_storage(read_dcp_metadata(path), path)
+    return rest
 
 
 def load_sharded(path, model, optimizer, hook_states=None):

@@ -17,7 +17,10 @@ class SavePipelineHook(Hook):
     Args:
         out_dir: the directory, relative to the work dir unless absolute.
 
-    A run that failed or stopped early saves nothing: its checkpoint is what resumes it.
+    A run that failed or stopped early saves nothing: its checkpoint is what resumes it. The
+    directory goes through the weights gate (``trainer.checkpointer.export_directory``): weights
+    with a NaN/inf are refused (``InvalidLossError``), the directory appears whole or not at all,
+    and each file has its checksum sidecar (``<file>.xxh128`` / ``.sha256``).
     """
 
     PRIORITY = Priority.LOW
@@ -32,5 +35,7 @@ class SavePipelineHook(Hook):
         if trainer.outcome.failed or trainer.iter < trainer.max_iters or trainer.rank != 0:
             return
         path = os.path.join(trainer.work_dir, os.fspath(self.out_dir))
-        trainer.model.save_pretrained(path)
+        # through the gate (checkpoint/gate.py): refused if the weights are not finite; written
+        # whole into a temporary sibling, each file with its checksum sidecar, then swapped in
+        trainer.checkpointer.export_directory(path, trainer.model.save_pretrained, trainer.model.state_dict())
         trainer.logger.info('saved the fine-tuned pipeline to %s', path)

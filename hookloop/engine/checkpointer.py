@@ -15,16 +15,19 @@ import torch
 
 from .. import __version__
 from ..checkpoint.async_writer import AsyncCheckpointWriter
-from ..checkpoint.finite_state import check_finite_state
+from ..checkpoint import gate
+from ..checkpoint.finite_state import FiniteBaseline, check_finite_state
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
 from ..checkpoint.restore_checks import check_optimizer_fits
+from ..checkpoint.resume_position import is_count, refuse
 from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
 from ..checkpoint.resume_search import find_resumable, load_verified
 from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..checkpoint.sharded_files import is_sharded_checkpoint
 from ..checkpoint.trained_state import frozen_meta, load_trained_state, trained_state_dict
-from ..dist.fsdp import is_sharded_model, load_sharded, save_sharded
+from ..dist.fsdp import is_sharded_model, load_sharded, save_sharded, verify_sharded
+from ..dist.verdict import every_rank_agrees
 from ..errors import CheckpointError
 from ..fileio import storage
 from ..optim.param_groups import set_value  # the param groups' one writer (a resume's config changes)
@@ -54,12 +57,51 @@ class Checkpointer:
     ``optimizer_cfg``: the optimizer's config dict (None when the user built the optimizer), from
     which a resume with another optimizer config rebuilds the fresh param groups.
     ``async_writer``: the background writer of asynchronous saves, made on first use (None before).
+    ``baseline``: what was non-finite by design when the run started
+    (:class:`~hookloop.checkpoint.finite_state.FiniteBaseline`; None before a run).
     """
 
     def __init__(self, trainer, optimizer_cfg=None):
         self._trainer = weakref.proxy(trainer)  # (the trainer owns this: no cycle that keeps a dropped one alive)
         self._optimizer_cfg = optimizer_cfg
         self.async_writer = None
+        self.baseline = self._baseline_model = None
+
+    # -- the finite check's baseline ------------------------------------------------------------
+    def take_baseline(self):
+        """Note what of the state is non-finite now, as the run starts (after ``before_run``:
+        a causal mask's ``-inf``, a hook's ``best = inf``): saves and exports accept those
+        values where they are, and refuse any other NaN/inf. Taken once per model: a later
+        ``train()`` of the same trainer keeps the first run's baseline."""
+        t = self._trainer
+        if self.baseline is None or self._baseline_model is not t.model:
+            self.baseline, self._baseline_model = FiniteBaseline.of(t.state_dict()), t.model
+            gate.remember_baseline(t.model, self.baseline)
+            if self.baseline:
+                t.logger.debug('non-finite by design at the start (saves keep them as they are): %s',
+                               ', '.join(self.baseline.names()))
+        return self.baseline
+
+    def export_file(self, path, write, state):
+        """Write one file of trained weights through the gate (``hookloop/checkpoint/gate.py``):
+        ``state`` (a mapping, possibly nested, of the tensors the file holds, e.g.
+        ``model.state_dict()``) is checked for NaN/inf beyond the run's baseline (one-line
+        ``InvalidLossError``, nothing written), then ``write(fileobj)`` writes the bytes to a
+        temporary that gets its checksum sidecar and is renamed into place. ``path``: relative to
+        the work dir, or an absolute path / URL. No collective: rank 0 alone may call it.
+        Returns the written path."""
+        path = self._trainer.workspace.join(path)
+        gate.check_weights(state, path, self.take_baseline())
+        storage.makedirs(storage.dirname(path))
+        return gate.write_file(path, write, 'weights')
+
+    def export_directory(self, path, write, state):
+        """Like :meth:`export_file` for a whole directory: ``write(tmp_dir)`` fills a temporary
+        sibling of ``path`` (e.g. ``lambda d: pipe.save_pretrained(d)``), each file gets its
+        checksum sidecar, and the directory is swapped into place. Returns the written path."""
+        path = self._trainer.workspace.join(path)
+        gate.check_weights(state, path, self.take_baseline())
+        return gate.write_directory(path, write, 'weights directory')
 
     # -- building and writing ---------------------------------------------------------------
     def state_dict(self, save_optimizer=True, save_frozen=True):
@@ -89,8 +131,8 @@ class Checkpointer:
 
     def build(self, save_optimizer=True, save_frozen=True):
         """The checkpoint dict: ``trainer.state_dict()`` plus the entries hooks add in
-        ``before_save_checkpoint`` (EMA's ``ema_state_dict``). Every rank must build it
-        (a hook may all-reduce there). ``save_frozen=False``: only the trained weights."""
+        ``before_save_checkpoint`` (EMA's ``ema_state_dict``). No collective: rank 0 may build
+        and write one alone (docs/distributed.md). ``save_frozen=False``: only the trained weights."""
         t = self._trainer
         checkpoint = t.state_dict(save_optimizer, save_frozen)
         t.resolve_hooks()
@@ -106,17 +148,20 @@ class Checkpointer:
         thread (``hookloop/checkpoint/async_writer.py``); a write always waits for the one in flight
         first, so the staging copy is free and the pointer moves in save order.
 
-        A state that is not finite is refused first (``hookloop/checkpoint/finite_state.py``): nothing is
-        written. ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
+        A state that is not finite (beyond the run's baseline) is refused first
+        (``hookloop/checkpoint/finite_state.py``): nothing is written. The check is this rank's own,
+        except in a sharded save, which every rank makes: there the ranks agree (``dist/verdict.py``). ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
         at once for a synchronous save, at the next wait for an asynchronous one, never
         when the write failed."""
         t = self._trainer
         path = t.workspace.join(path)
-        check_finite_state(checkpoint, path, scaled_grads=t.step.loss_scaling)
+        sharded = is_sharded_model(t.wrapped_model)
+        check_finite_state(checkpoint, path, scaled_grads=t.step.loss_scaling, baseline=self.take_baseline(),
+                           agree=every_rank_agrees if sharded else None)
         self.wait()
         if asynchronous and self.async_writer is None:
             self.async_writer = AsyncCheckpointWriter()
-        if is_sharded_model(t.wrapped_model):  # every rank writes its shards (dcp.async_save if asked)
+        if sharded:  # every rank writes its shards (dcp.async_save if asked)
             save_sharded(checkpoint, path, t.model, t.optimizer, t.rank,
                          t.storage_dir if update_last else None, self.async_writer if asynchronous else None)
             if asynchronous:
@@ -175,14 +220,14 @@ class Checkpointer:
             path = resume_request.asked_by_hooks(t)
         if path == 'auto' or (path is None and t.auto_resume):
             found = find_resumable(t.storage_dir, self.checkpoint_dirs(), t.iters_per_epoch, t.logger,
-                                   map_location=t.device, rename_damaged=t.rank == 0)
+                                   map_location=t.device, rename_damaged=t.rank == 0, verify_sharded=verify_sharded)
             if found is None:
                 t.logger.info('no checkpoint in %s: starting a new run', t.storage_dir)
                 return None, None
             return found
         if path is None:
             return None, None
-        return path, check_resumable(path, load_verified(path, map_location=t.device))
+        return path, check_resumable(path, load_verified(path, map_location=t.device, verify_sharded=verify_sharded))
 
     def plan_resume(self):
         """``(path, checkpoint, point)``: :meth:`resume_target` and where in it the run continues
@@ -270,7 +315,7 @@ class Checkpointer:
             data = checkpoint.get('data')
             if point.note and point.inner_iter == 0 and t.train_stream.per_epoch:
                 data = None  # an epoch started afresh in another shape: the saved loader state is not needed
-            t.train_stream.load_state_dict(data, t.epoch, t.inner_iter)
+            t.train_stream.load_state_dict(data, t.epoch, t.inner_iter, path)
             elastic_resume.apply(t, point)  # the sampler's split, once the stream is at the epoch
         saved_states = checkpoint.get('hooks', {})
         for hook in t.hooks:
@@ -336,9 +381,11 @@ def check_resumable(path, checkpoint):
         if key not in checkpoint:
             raise CheckpointError(f'{path!r} is not a hookloop checkpoint: it has no {key!r} entry')
     meta = checkpoint['meta']
-    if not isinstance(meta, Mapping) or not all(
-            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) for k in ('epoch', 'iter', 'inner_iter')):
-        raise CheckpointError(f'{path!r} is damaged: its "meta" entry lacks integer epoch/iter/inner_iter')
+    if not isinstance(meta, Mapping):
+        raise CheckpointError(f'{path!r} is damaged: its "meta" entry is not a dict')
+    for field in ('epoch', 'iter', 'inner_iter'):
+        if not is_count(meta.get(field)):
+            refuse(path, field, meta.get(field), 'not a whole number')
     return checkpoint
 
 

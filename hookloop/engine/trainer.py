@@ -149,7 +149,6 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         self.meters = MeterBuffer()
         self._losses = self.meters.bulk_series('loss')  # the step's scalar loss: one C call per iteration
         self.exception = self.stop_reason = None
-
         self._init_dispatch(profile_hooks)
         self._started = self._resume_again = False  # a train() began (load/resume spent); resume() since
         self._running = False
@@ -202,10 +201,6 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         of an iteration-based run."""
         return min(self.iters_per_epoch, self.max_iters - self.epoch * self.iters_per_epoch)
 
-    @property
-    def train_outputs(self):
-        return self.outputs
-
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
@@ -250,6 +245,7 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
                 run_start = (run_start[0], self.iter)
             self._started, self._resume_again = True, False
             self.call_hook('before_run')
+            self.checkpointer.take_baseline()  # what is non-finite by design, before anything trains
             while self.epoch < self.max_epochs and self.stop_reason is None:
                 self._train_epoch()
         except BaseException as exc:
@@ -293,8 +289,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             if position.iter >= before.next_due:
                 before.walk(self)
             else:
+                before.running = methods = iter(before.every)  # a re-plan in a hook finds its place there
                 try:
-                    for method in before.every:
+                    for method in methods:
                         method(self)
                 except Exception as exc:
                     self._note_hook_error(exc, method, 'before_train_iter')
@@ -304,8 +301,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             if position.iter >= after.next_due:
                 after.walk(self)
             else:
+                after.running = methods = iter(after.every)  # a re-plan in a hook finds its place there
                 try:
-                    for method in after.every:
+                    for method in methods:
                         method(self)
                 except Exception as exc:
                     self._note_hook_error(exc, method, 'after_train_iter')

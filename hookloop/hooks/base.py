@@ -212,12 +212,13 @@ class Hook:
 
 
 def overrides(hook, stage):
-    """True when ``hook``'s class defines ``stage`` (or its generic fallback) itself."""
-    cls = type(hook)
-    if getattr(cls, stage, None) is not getattr(Hook, stage):
+    """True when ``hook``'s class, or ``hook`` itself (``hook.after_train_iter = fn``), defines
+    ``stage`` (or its generic fallback) instead of :class:`Hook`'s no-op."""
+    cls, own = type(hook), getattr(hook, '__dict__', {})
+    if stage in own or getattr(cls, stage, None) is not getattr(Hook, stage):
         return True
     generic = GENERIC_STAGE.get(stage)
-    return generic is not None and getattr(cls, generic, None) is not getattr(Hook, generic)
+    return generic is not None and (generic in own or getattr(cls, generic, None) is not getattr(Hook, generic))
 
 
 def implemented_stages(hook):

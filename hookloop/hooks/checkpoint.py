@@ -4,7 +4,7 @@ import os
 from ..fileio import storage
 from ..checkpoint.best import BestCheckpoint
 from ..checkpoint.atomic import remove_stale_temporaries
-from ..checkpoint.format import inside, read_pointer, remove_checkpoint, save_safetensors
+from ..checkpoint.format import inside, read_pointer, remove_checkpoint, safetensors_bytes
 from ..errors import CheckpointError, ConfigError
 from ..priority import Priority
 from ..registry import HOOKS
@@ -157,7 +157,9 @@ class CheckpointHook(Hook):
             if key not in checkpoint:
                 raise CheckpointError(f"CheckpointHook export_safetensors='ema': the checkpoint has no "
                                       f'{key!r}; register an EMAHook')
-            save_safetensors(checkpoint[key], os.path.splitext(path)[0] + '.safetensors')
+            state = checkpoint[key]  # through the gate, as every weights file (checkpoint/gate.py)
+            trainer.checkpointer.export_file(os.path.splitext(path)[0] + '.safetensors',
+                                             lambda f: f.write(safetensors_bytes(state)), state)
 
     def _save(self, trainer, filename):
         path = storage.join(self.directory, filename)

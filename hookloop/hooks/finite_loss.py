@@ -4,9 +4,10 @@ It looks only at numbers that are on the host already or about to be synced anyw
 
 * at a log event, the summary the loggers computed; a bad loss there stops the run in the
   next iteration, before its optimizer step;
-* before every checkpoint is written, the loss values since its previous look (a save
-  syncs the whole model anyway), so a checkpoint never holds weights that a non-finite
-  loss has reached, and ``last_checkpoint`` keeps naming the last good one;
+* before every checkpoint is written, this rank's loss values since its previous look (a save
+  syncs the whole model anyway; no collective, as rank 0 may save alone), so a checkpoint
+  never holds weights that a non-finite loss has reached, and ``last_checkpoint`` keeps
+  naming the last good one;
 * at the end of every epoch (one look per epoch: a bad value is acted on within one log
   interval also when the log events and the epoch ends do not line up);
 * after the last iteration.
@@ -98,10 +99,12 @@ class FiniteLossGuard(Hook):
             self._check_since_last_look(trainer, done, 'seen at the end of an epoch')
 
     def before_save_checkpoint(self, trainer, checkpoint):
-        self._check_since_last_look(trainer, checkpoint['meta']['iter'])
+        # this rank's own losses, no collective: rank 0 may save alone (MMCV's @master_only)
+        self._check_since_last_look(trainer, checkpoint['meta']['iter'], across_ranks=False)
 
-    def _check_since_last_look(self, trainer, iterations_done, how='seen before saving'):
-        summary, self._mark = trainer.meters.summary_and_mark(self._mark)  # on every rank: may all-reduce
+    def _check_since_last_look(self, trainer, iterations_done, how='seen before saving', across_ranks=True):
+        # across ranks at the stages every rank reaches together (an epoch's end, the last iteration)
+        summary, self._mark = trainer.meters.summary_and_mark(self._mark, across_ranks)
         self._raise_if_bad(trainer, summary, iterations_done, how)
 
     def _failure(self, trainer, summary):

@@ -119,6 +119,15 @@ class MeterBuffer:
         self._totals[key] += count
         self._version += 1
 
+    def revise(self, key, values):
+        """Replace the newest ``len(values)`` values of ``key`` (a source re-measuring what it
+        handed over earlier in the same iteration; ``IterTimerHook``); counts and marks stay."""
+        series = self._values[key]
+        for _ in range(min(len(values), len(series))):
+            series.pop()
+        series.extend(values)
+        self._version += 1
+
     def __contains__(self, key):
         self._collect()
         return key in self._values
@@ -153,15 +162,30 @@ class MeterBuffer:
         self._collect()
         return self._summary(since or {})
 
-    def summary_and_mark(self, since=None):
-        """``(summary(since), mark())`` with one collection of the sources (a logger's read)."""
+    def summary_and_mark(self, since=None, across_ranks=True):
+        """``(summary(since), mark())`` with one collection of the sources (a logger's read).
+        ``across_ranks=False``: this rank's own values, no collective (a look that not every rank
+        makes, such as one before a save rank 0 makes alone); not a log event: listeners are not told."""
         self._collect()
+        if not across_ranks:
+            return self._to_host(self._windows(since or {})), dict(self._totals)
         return self._summary(since or {}), dict(self._totals)
 
     def _summary(self, since):
         cached = self._cache
         if cached is not None and cached[0] == self._version and cached[1] == since:
             return cached[2]
+        result = self._to_host(self._windows(since))
+        if is_distributed() and get_world_size() > 1:
+            result = _average_across_ranks(result)
+        self._cache = (self._version, dict(since), result)
+        self.last_summary = result
+        for listener in list(self._listeners):
+            listener(result)
+        return result
+
+    def _windows(self, since):
+        """``{key: [values appended after the mark since]}``."""
         windows = {}
         totals = self._totals
         for key, values in self._values.items():
@@ -172,14 +196,7 @@ class MeterBuffer:
                 windows[key] = list(values)
             else:  # the newest ``new``, read from the end (the deque may hold far more)
                 windows[key] = list(islice(reversed(values), new))[::-1]
-        result = self._to_host(windows)
-        if is_distributed() and get_world_size() > 1:
-            result = _average_across_ranks(result)
-        self._cache = (self._version, dict(since), result)
-        self.last_summary = result
-        for listener in list(self._listeners):
-            listener(result)
-        return result
+        return windows
 
     @staticmethod
     def _to_host(windows):
