@@ -14,21 +14,10 @@ from ..dist.process_group import all_gather_objects, get_world_size
 from ..errors import ConfigError
 
 
-class DatasetEvaluator:
-    """Collects per-sample results and lets ``dataset.evaluate`` compute the metrics.
+class SampleResults:
+    """The per-sample results of a test loop, as MMCV's ``single_gpu_test`` collects them."""
 
-    Args:
-        dataset: the val dataset; it must have ``evaluate(results, **eval_kwargs)``.
-        eval_kwargs: passed to ``dataset.evaluate`` (``metric=...`` and the dataset's own options).
-    """
-
-    wants_test_outputs = True  # the model is called with return_loss=False, not val_step
-
-    def __init__(self, dataset, **eval_kwargs):
-        if not callable(getattr(dataset, 'evaluate', None)):
-            raise ConfigError(f'evaluation has {sorted(eval_kwargs)} for the dataset, but {type(dataset).__name__} has '
-                              'no evaluate(results, metric=...) method to take them')
-        self.dataset, self.eval_kwargs = dataset, eval_kwargs
+    def __init__(self):
         self.reset()
 
     def reset(self):
@@ -49,6 +38,24 @@ class DatasetEvaluator:
             per_rank = all_gather_objects(results)
             results = [part[i] for i in range(max(map(len, per_rank))) for part in per_rank if i < len(part)]
         return results
+
+
+class DatasetEvaluator(SampleResults):
+    """Collects per-sample results and lets ``dataset.evaluate`` compute the metrics.
+
+    Args:
+        dataset: the val dataset; it must have ``evaluate(results, **eval_kwargs)``.
+        eval_kwargs: passed to ``dataset.evaluate`` (``metric=...`` and the dataset's own options).
+    """
+
+    wants_test_outputs = True  # the model is called with return_loss=False, not val_step
+
+    def __init__(self, dataset, **eval_kwargs):
+        if not callable(getattr(dataset, 'evaluate', None)):
+            raise ConfigError(f'evaluation has {sorted(eval_kwargs)} for the dataset, but {type(dataset).__name__} has '
+                              'no evaluate(results, metric=...) method to take them')
+        self.dataset, self.eval_kwargs = dataset, eval_kwargs
+        super().__init__()
 
     def compute(self):
         return self.evaluate(self.gathered())

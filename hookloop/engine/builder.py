@@ -35,6 +35,7 @@ def build_optimizer(optimizer, model):
     if optimizer is None or isinstance(optimizer, torch.optim.Optimizer) or hasattr(optimizer, 'param_groups'):
         return optimizer
     if isinstance(optimizer, Mapping) and ('paramwise_cfg' in optimizer or 'constructor' in optimizer
+                                           or 'paramwise_options' in optimizer  # mmselfsup's spelling
                                            or is_optimizer_dict_cfg(optimizer)):
         return build_optimizers(model, optimizer)
     if isinstance(optimizer, Mapping):

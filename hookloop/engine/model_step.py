@@ -82,7 +82,10 @@ def mmcv_train_step(model, batch, optimizer):
 
 
 def accepts_return_loss(model):
-    """MMCV models take ``return_loss`` in ``forward``; evaluation calls them with ``False``."""
+    """MMCV models take ``return_loss`` in ``forward``; evaluation calls them with ``False``.
+    A wrapper that hands its arguments to ``.module`` (``MMDataParallel``) answers for its model."""
+    while getattr(type(model), 'passes_arguments_to_module', False):
+        model = model.module
     return _forward_takes_return_loss(type(model))
 
 

@@ -125,6 +125,7 @@ class PreemptionHook(Hook):
                                        trainer.checkpointer.resume_hint())
         finally:
             self._restore()
+            self._trainer = None  # (no cycle left through the trainer: a dropped one is freed at once)
             self.received, self.stopping = None, False
             if self._group is not None:
                 import torch.distributed as dist

@@ -63,8 +63,8 @@ class DefaultOptimizerConstructor:
             raise ConfigError(f'paramwise_cfg got unknown keys {unknown}; known: {", ".join(_PARAMWISE_KEYS)}')
         custom_keys = self.paramwise_cfg.get('custom_keys', {})
         if not isinstance(custom_keys, Mapping) or not all(isinstance(v, Mapping) for v in custom_keys.values()):
-            raise ConfigError(f'paramwise_cfg custom_keys must map names to dicts like dict(lr_mult=0.1), '
-                              f'got {custom_keys!r}')
+            raise ConfigTypeError(f'paramwise_cfg custom_keys must map names to dicts like dict(lr_mult=0.1), '
+                                  f'got {custom_keys!r}')
         if self.base_wd is None:
             needs_wd = [k for k in ('bias_decay_mult', 'norm_decay_mult', 'dwconv_decay_mult') if k in self.paramwise_cfg]
             needs_wd += [f'custom_keys[{k!r}].decay_mult' for k, v in custom_keys.items() if 'decay_mult' in v]
@@ -102,7 +102,8 @@ class DefaultOptimizerConstructor:
                 groups.append(group)
                 continue
             if get('bypass_duplicate', False) and self._is_in(group, groups):
-                warnings.warn(f'{prefix}.{name} is shared with a parameter already in a group; bypassed')
+                # MMCV's words (its tests and users match them): the module's name, not the parameter's
+                warnings.warn(f'{prefix} is duplicate. It is skipped since bypass_duplicate={get("bypass_duplicate")}')
                 continue
             full_name = f'{prefix}.{name}'
             key = next((k for k in sorted_keys if k in full_name), None)
@@ -163,12 +164,32 @@ def is_optimizer_dict_cfg(cfg):
 
 def build_optimizer(model, cfg):
     """MMCV's ``build_optimizer(model, cfg)``: ``cfg`` may carry ``paramwise_cfg`` and
-    ``constructor`` (a name in ``OPTIMIZER_CONSTRUCTORS``, default the MMCV rules above)."""
+    ``constructor`` (a name in ``OPTIMIZER_CONSTRUCTORS``, default the MMCV rules above).
+    mmselfsup's spelling ``paramwise_options`` goes to the constructor as its ``paramwise_cfg``
+    (as mmselfsup's ``build_optimizer`` passes it) when the constructor is one a repository
+    registered; hookloop's own rules do not read it (see :func:`paramwise_options`)."""
     cfg = dict(cfg)
     constructor = cfg.pop('constructor', 'DefaultOptimizerConstructor')
     paramwise_cfg = cfg.pop('paramwise_cfg', None)
     kind = OPTIMIZER_CONSTRUCTORS.get(constructor) if isinstance(constructor, str) else constructor
+    if 'paramwise_options' in cfg:
+        paramwise_cfg = paramwise_options(cfg.pop('paramwise_options'), paramwise_cfg, kind)
     return OPTIMIZER_CONSTRUCTORS.build(dict(type=kind, optimizer_cfg=cfg, paramwise_cfg=paramwise_cfg))(model)
+
+
+def paramwise_options(options, paramwise_cfg, constructor):
+    """The ``paramwise_cfg`` that mmselfsup's ``paramwise_options`` (regular expressions of
+    parameter names -> options) stands for, or a ConfigError when ``constructor`` is
+    hookloop's own (MMCV's rules: ``custom_keys``, ``bias_lr_mult``...), which cannot read it."""
+    if paramwise_cfg is not None:
+        raise ConfigError('optimizer has both paramwise_cfg and paramwise_options (mmselfsup\'s name for the '
+                          'same thing); keep one')
+    if constructor is DefaultOptimizerConstructor:
+        raise ConfigError("optimizer paramwise_options is mmselfsup's key (regular expressions of parameter names "
+                          "-> options), read by mmselfsup's own DefaultOptimizerConstructor, which is not "
+                          "registered: import it first (custom_imports=dict(imports=['mmselfsup.core'])), or "
+                          'write it as paramwise_cfg=dict(custom_keys={...}) for the MMCV rules')
+    return options
 
 
 def build_optimizers(model, cfgs):
@@ -193,4 +214,4 @@ def as_optimizer(value):
 
 
 __all__ = ['DefaultOptimizerConstructor', 'OPTIMIZER_CONSTRUCTORS', 'OptimizerDict', 'build_optimizer',
-           'build_optimizers', 'is_optimizer_dict_cfg', 'as_optimizer']
+           'build_optimizers', 'is_optimizer_dict_cfg', 'as_optimizer', 'paramwise_options']

@@ -17,13 +17,13 @@ shape: loaders given to ``run``, ``workflow``, ``latest.pth`` next to ``last_che
 ``train_step(data_batch, optimizer)`` is driven through it (see docs/migration.md).
 
 The package: ``runner`` (the runners), ``eval_hook`` (``EvalHook``), ``loggers`` (MMCV's
-logger formats), and the submodules MMCV code imports (``hooks``, ``hooks.hook``,
-``hooks.lr_updater``, ``fp16_utils``, ``checkpoint``, ``dist_utils``, ``optimizer``).
+logger formats), and the module paths MMCV code imports, so a rename-only alias
+(``mmcv.runner[.x]`` -> ``hookloop.compat.mmcv[.x]``, ``mmcv.parallel``, ``mmcv.utils``,
+``mmcv.fileio``, ``mmcv.engine`` -> ``hookloop.compat.mmcv.<same>``) is enough: ``hooks``
+(``.hook``, ``.lr_updater``, ``.momentum_updater``, ``.evaluation``), ``fp16_utils``,
+``checkpoint``, ``dist_utils``, ``optimizer`` (``.builder``), ``parallel`` (``.registry``),
+``utils`` (``.ext_loader``), ``fileio`` (``.file_client``) and ``engine``.
 """
-import logging
-import os
-import sys
-
 import torch
 
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -31,8 +31,6 @@ from torch.nn.modules.conv import _ConvNd
 from torch.nn import SyncBatchNorm
 
 from ...optim.amp import auto_fp16, cast_tensor_type, enable_fp16, force_fp32
-from ...checkpoint.format import load_checkpoint as _load_file
-from ...checkpoint.gate import baseline_of, export_file
 from ...dist.process_group import get_rank, get_world_size, init_distributed
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import (CheckpointHook, EMAHook, Hook, IterTimerHook, LoggerHook, TensorboardLoggerHook,
@@ -42,47 +40,14 @@ from ...hooks import lr_updater, momentum_updater
 from ...optim.constructor import DefaultOptimizerConstructor, OPTIMIZER_CONSTRUCTORS, build_optimizer, \
     build_optimizers
 from ...priority import Priority, get_priority
-from ...registry import HOOKS, OPTIMIZERS, Registry
+from ...registry import HOOKS, Registry
 from ...optim.schedules import annealing_cos, annealing_linear
-from ...engine.checkpointer import plain
-from ...engine.runner_names import model_meta, revise_state_keys
+from .checkpoint import CheckpointLoader, _load_checkpoint, load_checkpoint, save_checkpoint
 from .eval_hook import DistEvalHook, EvalHook
-from .runner import (LATEST_LINK, RUNNERS, BaseRunner, EpochBasedRunner, IterBasedRunner, build_runner,  # noqa: F401
-                     is_module_wrapper, link_latest)
-
-OPTIMIZER_BUILDERS = OPTIMIZER_CONSTRUCTORS  # MMCV's name for the constructor registry
-
-
-# -- the module-level helpers of mmcv.runner ---------------------------------------------------
-def load_checkpoint(model, filename, map_location='cpu', strict=False, logger=None,
-                    revise_keys=((r'^module\.', ''),)):
-    """Load ``filename``'s weights into ``model`` (``weights_only``), renaming keys first
-    (the state dict's ``_metadata`` is kept)."""
-    checkpoint = _load_file(filename, map_location=map_location)
-    state = revise_state_keys(checkpoint.get('state_dict', checkpoint), revise_keys)
-    result = getattr(model, 'module', model).load_state_dict(state, strict=strict)
-    if (result.missing_keys or result.unexpected_keys) and logger is not None:
-        logger.warning('load_checkpoint %s: missing keys %s, unexpected keys %s', filename, result.missing_keys,
-                       result.unexpected_keys)
-    return checkpoint
-
-
-def save_checkpoint(model, filename, optimizer=None, meta=None):
-    """Write ``model``'s weights (and the optimizer state) atomically, MMCV's layout; ``meta``
-    gets ``CLASSES`` from the model when it has them. Refused (``InvalidLossError``) when the
-    weights hold a NaN/inf that the run training ``model`` did not start with."""
-    if meta is not None and not isinstance(meta, dict):
-        raise ConfigTypeError(f'meta must be a dict or None, but got {type(meta).__name__}')
-    meta = {**model_meta(model), **(meta or {})}
-    checkpoint = {'meta': plain(meta), 'state_dict': getattr(model, 'module', model).state_dict()}
-    if optimizer is not None:
-        checkpoint['optimizer'] = optimizer.state_dict()
-    directory = os.path.dirname(os.path.abspath(filename))
-    os.makedirs(directory, exist_ok=True)
-    trained = {k: checkpoint[k] for k in ('state_dict', 'optimizer') if k in checkpoint}
-    # the weights gate (checkpoint/gate.py): no NaN/inf beyond what the run training ``model`` started with
-    export_file(filename, lambda f: torch.save(checkpoint, f), trained, baseline_of(model), 'checkpoint')
-
+from .optimizer import OPTIMIZER_BUILDERS, OPTIMIZERS, build_optimizer_constructor
+from .parallel import MMDataParallel, MMDistributedDataParallel, is_module_wrapper
+from .runner import LATEST_LINK, RUNNERS, BaseRunner, EpochBasedRunner, IterBasedRunner, build_runner, link_latest  # noqa: F401,E501
+from .utils import build_from_cfg, get_logger, print_log
 
 def get_dist_info():
     """``(rank, world_size)``; ``(0, 1)`` outside a process group."""
@@ -103,32 +68,6 @@ def wrap_fp16_model(model):
     runs the decorated methods under fp16 autocast instead of casting the model to half."""
     enable_fp16(model)
     return model
-
-
-def get_logger(name, log_file=None, log_level=logging.INFO, file_mode='w'):
-    """A logger printing to stdout (and ``log_file``) in MMCV's format."""
-    logger = logging.getLogger(name)
-    if not logger.handlers:
-        formatter = logging.Formatter('%(asctime)s - %(name)s - %(levelname)s - %(message)s')
-        handlers = [logging.StreamHandler(sys.stdout)]
-        if log_file is not None and get_rank() == 0:
-            handlers.append(logging.FileHandler(log_file, file_mode))
-        for handler in handlers:
-            handler.setFormatter(formatter)
-            logger.addHandler(handler)
-    logger.setLevel(log_level if get_rank() == 0 else logging.ERROR)
-    return logger
-
-
-def MMDataParallel(module, device_ids=None, dim=0, **kwargs):  # noqa: N802 (MMCV's class name)
-    """The module itself: the trainer moves batches to the model's device."""
-    return module
-
-
-def MMDistributedDataParallel(module, device_ids=None, broadcast_buffers=False, find_unused_parameters=False,
-                              **kwargs):  # noqa: N802
-    """The module itself: the trainer wraps it in DDP (pass ``find_unused_parameters`` to the Trainer)."""
-    return module
 
 
 def master_only(func):
@@ -191,5 +130,5 @@ __all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'buil
            'get_logger', 'MMDataParallel', 'MMDistributedDataParallel', 'is_module_wrapper', 'annealing_cos',
            'annealing_linear', 'OPTIMIZER_BUILDERS', 'OPTIMIZERS', 'SyncBatchNorm', '_BatchNorm', '_ConvNd',
            'cast_tensor_type', 'master_only', 'SyncBuffersHook', 'PaviLoggerHook', 'ClearMLLoggerHook',
-           'SegmindLoggerHook',
-           'Registry'] + sorted(SCHEDULE_HOOKS)
+           'SegmindLoggerHook', 'Registry', 'build_from_cfg', 'print_log', 'CheckpointLoader', '_load_checkpoint',
+           'build_optimizer_constructor'] + sorted(SCHEDULE_HOOKS)

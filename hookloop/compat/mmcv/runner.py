@@ -6,52 +6,16 @@ import warnings
 
 import torch
 from torch import nn
-from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from ...errors import ConfigAssertionError, ConfigError, ConfigTypeError
 from ...hooks import EvaluationHook
 from ...registry import Registry
-from ...engine.checkpointer import plain
-from ...engine.trainer import Trainer
 from ..log_vars_evaluator import LogVarsEvaluator
 from ..mmcv_config import iter_based_defaults
+from .parallel import is_module_wrapper
+from .trainer import LATEST_LINK, MMCVTrainer, link_latest  # noqa: F401 (mmcv.runner's names)
 
 RUNNERS = Registry('runner')
-LATEST_LINK = 'latest.pth'
-
-
-def link_latest(path):
-    """Point ``<dir of path>/latest.pth`` at ``path`` (a relative symlink, replaced atomically),
-    as MMCV's ``save_checkpoint(create_symlink=True)`` does."""
-    directory = os.path.dirname(path)
-    link, temporary = os.path.join(directory, LATEST_LINK), os.path.join(directory, f'.{LATEST_LINK}.tmp')
-    if os.path.lexists(temporary):
-        os.remove(temporary)
-    os.symlink(os.path.basename(path), temporary)
-    os.replace(temporary, link)
-
-
-class _MMCVTrainer(Trainer):
-    """The Trainer with two MMCV habits: ``latest.pth`` beside each checkpoint the pointer
-    moves to (MMCV code resumes from it), and the runner's ``meta`` in every checkpoint."""
-
-    runner_meta = None
-
-    def state_dict(self, save_optimizer=True, save_frozen=True):
-        checkpoint = super().state_dict(save_optimizer, save_frozen)
-        for key, value in plain(self.runner_meta or {}).items():
-            checkpoint['meta'].setdefault(key, value)  # hookloop's own entries win
-        return checkpoint
-
-    def write_checkpoint(self, checkpoint, path, update_last=True, asynchronous=False, on_disk=None):
-        path = super().write_checkpoint(checkpoint, path, update_last, asynchronous, on_disk)
-        if update_last and self.meta is not None:  # MMCV's CheckpointHook: meta['hook_msgs']['last_ckpt']
-            self.meta.setdefault('hook_msgs', {})['last_ckpt'] = path
-        if update_last and self.rank == 0:
-            if asynchronous:  # latest.pth must never name a file still being written
-                self.wait_for_checkpoint()
-            link_latest(path)
-        return path
 
 
 class _BatchProcessorModel(nn.Module):
@@ -127,10 +91,11 @@ class BaseRunner:
         device = parameters[0].device if parameters else 'cpu'  # MMCV leaves the model where the user put it
         if work_dir is not None:
             os.makedirs(work_dir, exist_ok=True)  # MMCV makes it at once
-        trainer = _MMCVTrainer(model, optimizer=optimizer, work_dir=os.fspath(work_dir or 'work_dirs/default'),
-                               seed=(meta or {}).get('seed'), device=device)
-        trainer.runner_meta = meta
-        trainer.meta = meta
+        trainer = MMCVTrainer(model, optimizer=optimizer, work_dir=os.fspath(work_dir or 'work_dirs/default'),
+                              seed=(meta or {}).get('seed'), device=device, iter_based_runner=not self.by_epoch,
+                              runner_meta=meta,
+                              # MMDistributedDataParallel's, for the trainer's DDP under torchrun
+                              find_unused_parameters=getattr(model, 'find_unused_parameters', False))
         object.__setattr__(self, 'trainer', trainer)
         self.user_logger = logger  # MMCV code may log to its own logger; the run logs to trainer.logger
         self._max_epochs, self._max_iters = max_epochs, max_iters
@@ -149,11 +114,19 @@ class BaseRunner:
             object.__setattr__(self, name, value)
 
     def _set_counter(self, name, value):
+        # MMCV's _iter is the global count (its _inner_iter is another counter); for an
+        # iteration-based run, run() places it in the passes over the loader once it has one
+        setattr(self.trainer.position, name, value)
+        if name == 'iter':
+            object.__setattr__(self, '_iter_assigned', True)
+
+    _iter_assigned = False
+
+    def _place_assigned_iter(self):
+        """``runner._iter = n`` before an iteration-based run: the pass over the loader and the
+        place in it the n-th iteration falls on."""
         position = self.trainer.position
-        if name == 'epoch':
-            position.epoch = value
-        else:
-            position.iter = position.inner_iter = value
+        position.epoch, position.inner_iter = divmod(position.iter, self.trainer.iters_per_epoch)
 
     @property
     def model(self):
@@ -213,36 +186,22 @@ class BaseRunner:
             if not any(getattr(h, 'ROLE', None) == 'evaluation' for h in trainer.hooks):
                 trainer.register_hook(EvaluationHook(interval=workflow[train_index][1], by_epoch=self.by_epoch))
         trainer.set_train_dataloader(data_loaders[train_index], **{length_key: length})
+        if self._iter_assigned and not self.by_epoch:
+            self._place_assigned_iter()
         return trainer.train()
 
     def resume(self, checkpoint, resume_optimizer=True, map_location='default'):
-        """Continue exactly from ``checkpoint`` (model, optimizer(s), counters, hooks, RNG)."""
-        if not resume_optimizer:
-            raise ConfigError('resume(resume_optimizer=False) is not supported: hookloop resumes exactly; '
-                              'use load_checkpoint(path) to start from the weights only')
-        self.trainer.resume(checkpoint)
+        """Continue exactly from ``checkpoint`` (:meth:`MMCVTrainer.resume`)."""
+        return self.trainer.resume(checkpoint, resume_optimizer, map_location)
 
     def load_checkpoint(self, filename, map_location='cpu', strict=False, revise_keys=((r'^module\.', ''),)):
         """Load weights only, renaming keys with ``revise_keys`` first; returns the checkpoint."""
-        return self.trainer.load_weights(filename, strict=strict, revise_keys=list(revise_keys))
+        return self.trainer.load_checkpoint(filename, map_location, strict, revise_keys)
 
     def save_checkpoint(self, out_dir, filename_tmpl=None, save_optimizer=True, meta=None, create_symlink=True):
-        if meta is not None and not isinstance(meta, dict):
-            raise ConfigTypeError(f'meta should be a dict or None, but got {type(meta).__name__}')
-        count = self.trainer.epoch + 1 if self.by_epoch else self.trainer.iter + 1
-        path = os.path.join(out_dir, (filename_tmpl or self.filename_tmpl).format(count))
-        previous = self.trainer.runner_meta
-        self.trainer.runner_meta = {**(previous or {}), **(meta or {})}
-        try:
-            checkpoint = self.trainer.build_checkpoint(save_optimizer=save_optimizer)
-            # the last_checkpoint pointer moves for a save into the work dir only (MMCV has none)
-            inside = os.path.abspath(out_dir) == os.path.abspath(self.trainer.work_dir)
-            path = Trainer.write_checkpoint(self.trainer, checkpoint, path, update_last=inside)  # no link yet
-        finally:
-            self.trainer.runner_meta = previous
-        if create_symlink and self.trainer.rank == 0:
-            link_latest(path)
-        return path
+        """``<out_dir>/epoch_<n>.pth`` (``iter_<n>.pth``) and ``latest.pth`` (:meth:`MMCVTrainer.save_checkpoint`)."""
+        return self.trainer.save_checkpoint(out_dir, filename_tmpl or self.filename_tmpl, save_optimizer, meta,
+                                            create_symlink)
 
     def current_lr(self):
         return self.trainer.current_lr()
@@ -281,8 +240,3 @@ def build_runner(cfg, default_args=None):
     cfg = dict(cfg)
     cfg.pop('constructor', None)  # MMCV's DefaultRunnerConstructor: nothing else to construct
     return RUNNERS.build(cfg, default_args=default_args)
-
-
-def is_module_wrapper(module):
-    """True for the wrappers whose ``.module`` is the model (DataParallel, DDP)."""
-    return isinstance(module, (DataParallel, DistributedDataParallel))

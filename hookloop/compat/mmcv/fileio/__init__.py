@@ -1,0 +1,4 @@
+"""``mmcv.fileio``: ``FileClient`` (:mod:`.file_client`)."""
+from .file_client import FileClient, PetrelBackend
+
+__all__ = ['FileClient', 'PetrelBackend']
