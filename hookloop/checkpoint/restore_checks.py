@@ -13,12 +13,12 @@ import torch
 from ..errors import CheckpointError
 from ..fileio import storage
 
-_NAMED = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
+_NAMED = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.run\d+(?:\.\d+)?)?(?:\.pth)?$')  # iter_7.run2.pth: run_lineage.py
 
 
 def named_position(path):
     """``('iter' | 'epoch', n)`` that a checkpoint's name says it holds (``iter_15.pth``,
-    ``best_acc_epoch_3.pth``, ``preempt_iter_17.pth``); None when its name says nothing."""
+    ``best_acc_epoch_3.pth``, ``preempt_iter_17.pth``, ``iter_7.run2.pth``); None when its name says nothing."""
     found = _NAMED.search(storage.basename(path))
     return (found.group(1), int(found.group(2))) if found else None
 
