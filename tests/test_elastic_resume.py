@@ -159,3 +159,35 @@ def test_a_resume_whose_record_lines_up_with_the_new_batches_reads_the_uninterru
     train(make(tmp_path, 8, hooks=[second], resume_from='auto'))
     assert [it for _, it, _, _ in second.seen][:3] == [12, 13, 14]
     assert epoch_ids((first, second), 2) == torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+
+
+def test_a_re_split_epoch_with_drop_last_names_the_dropped_tail(tmp_path, capsys):
+    """12 of 40 samples done in batches of 4; resumed in batches of 8 with drop_last: 28 left make
+    3 batches, and the 4 left over (positions 36..39 of the epoch's order) are named, not hidden."""
+    first, second = Record(), Record()
+    train(make(tmp_path, 4, hooks=[first, StopAt(22)]))
+    capsys.readouterr()
+    resumed = make(tmp_path, 8, hooks=[second], resume_from='auto')
+    resumed.set_train_dataloader(DataLoader(indexed_data(), batch_size=8, shuffle=True, drop_last=True), max_epochs=3)
+    train(resumed)
+    assert ('drop_last: the last 4 samples of its order, positions 36..39, are not trained in this epoch'
+            in capsys.readouterr().out)
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+    assert epoch_ids((first, second), 2) == order[:36]
+
+
+def test_a_new_loader_between_stop_and_train_again_continues_the_epoch_from_its_record(tmp_path, capsys):
+    """set_train_dataloader after a stop (MMCV's runner.run passes its loaders at every call), with
+    another batch size: the epoch goes on from the samples already trained, each once."""
+    record = Record()
+    trainer = make(tmp_path, 4, hooks=[record, StopAt(22)])
+    try:
+        trainer.train()
+        assert trainer.iter == 23
+        trainer.set_train_dataloader(DataLoader(indexed_data(), batch_size=8, shuffle=True), max_epochs=3)
+        trainer.train()
+    finally:
+        trainer.close()
+    assert 'iteration 23 is re-based to 11' in capsys.readouterr().out
+    assert epoch_ids((record,), 2) == torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+    assert trainer.iter == 15

@@ -161,6 +161,39 @@ def _shape_now(sampler, world, ipe):
     return f'batch {sampler.batch_size}, {ipe} batches per epoch on {world} rank(s)'
 
 
+def epoch_record(trainer):
+    """``(epoch, samples of its order trained)`` where the trainer stands in an epoch it is in the
+    middle of, on hookloop's sampler (read from the train stream, so also while the loader is
+    being replaced); None otherwise."""
+    position, stream = getattr(trainer, 'position', None), getattr(trainer, 'train_stream', None)
+    sampler = getattr(getattr(stream, 'loader', None), 'batch_sampler', None)
+    if position is None or not position.inner_iter or not isinstance(sampler, ResumableBatchSampler) or \
+            not stream.per_epoch:
+        return None
+    return position.epoch, sampler.samples_before(position.inner_iter)
+
+
+def continue_epoch(trainer, record):
+    """After the train loader was replaced mid-epoch (``set_train_dataloader`` between two
+    ``train()`` calls): go on with the epoch from ``record`` (:func:`epoch_record` of the old
+    loader) in the new loader's shape, as a resume would, re-basing the iteration counter when
+    the epoch's batches changed."""
+    sampler = elastic_sampler(trainer)
+    if record is None or sampler is None:
+        return
+    epoch, samples = record
+    position, ipe = trainer.position, trainer.iters_per_epoch
+    inner = sampler.start_at(epoch, samples)
+    if inner == position.inner_iter and position.iter == epoch * ipe + inner:
+        return
+    new_iter = epoch * ipe + inner
+    trainer.logger.warning('the train loader was replaced after %d of the %d samples of epoch %d: the other %d are '
+                           'shared out in batches of %d, as batches %d..%d of the epoch; iteration %d is re-based to %d',
+                           samples, sampler.length, epoch + 1, sampler.length - samples, sampler.batch_size, inner,
+                           ipe - 1, position.iter, new_iter)
+    position.iter, position.inner_iter = new_iter, inner
+
+
 def apply(trainer, point):
     """After the trainer's position and data stream were loaded: move them to ``point``."""
     position = trainer.position

@@ -1,10 +1,13 @@
 """How long a run is: iterations per epoch, ``max_epochs`` and ``max_iters`` from the train
-loader and the arguments, and the train stream that yields its batches."""
+loader and the arguments, and the train stream that yields its batches. A loader replaced in
+the middle of an epoch (between two ``train()`` calls) continues the epoch from its record
+(:func:`hookloop.engine.elastic_resume.continue_epoch`)."""
 import math
 
 from ..data.prefetch import DevicePrefetcher, uses_prefetch
 from ..data.train_stream import TrainStream, dataset_name
 from ..errors import ConfigError, DataError
+from .elastic_resume import continue_epoch, epoch_record
 
 
 def plan_run_length(trainer, given_iters_per_epoch):
@@ -12,6 +15,7 @@ def plan_run_length(trainer, given_iters_per_epoch):
     run, ``max_epochs`` of an iteration-based one) and ``trainer.train_stream``.
     ``given_iters_per_epoch``: the ``iters_per_epoch`` argument (None: the loader's length)."""
     loader = trainer.train_dataloader
+    record = epoch_record(trainer)  # a loader replaced mid-epoch: where the old one stands in its epoch
     if loader is None:
         trainer.iters_per_epoch = 0
         return
@@ -38,6 +42,7 @@ def plan_run_length(trainer, given_iters_per_epoch):
         trainer.max_iters = trainer.max_epochs * trainer.iters_per_epoch
     else:
         trainer.max_epochs = math.ceil(trainer.max_iters / trainer.iters_per_epoch)
+    continue_epoch(trainer, record)
 
 
 __all__ = ['plan_run_length']
