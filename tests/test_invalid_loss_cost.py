@@ -67,27 +67,27 @@ def poisoned():
     return data
 
 
-def count_snapshots(hook):
-    """Record the iterations ``hook`` is called at before an iteration, and where it took a
-    snapshot (a subclass would not do: the trainer calls an overriding subclass at every
-    iteration, not trusting its schedule)."""
-    hook.calls, hook.snapshots = [], []
-    method = hook.before_train_iter
+def count_snapshots(monkeypatch):
+    """Record, on each hook, the iterations it is called at before an iteration and where it
+    took a snapshot. The count wraps the class's method: a wrapper set on the hook itself or in
+    a subclass would not do (the trainer calls a hook with such an override at every iteration,
+    not trusting its schedule)."""
+    method = CheckInvalidLossHook.before_train_iter
 
-    def counted(trainer):
-        hook.calls.append(trainer.iter)
-        before = hook._candidate
-        method(trainer)
-        if hook._candidate is not before:
-            hook.snapshots.append(trainer.iter)
-    hook.before_train_iter = counted
-    return hook
+    def counted(self, trainer):
+        self.calls.append(trainer.iter)
+        before = self._candidate
+        method(self, trainer)
+        if self._candidate is not before:
+            self.snapshots.append(trainer.iter)
+    monkeypatch.setattr(CheckInvalidLossHook, 'before_train_iter', counted)
 
 
 def run(tmp_path, policy, model_type, interval=3):
     torch.manual_seed(0)
     model = model_type()
-    hook = count_snapshots(CheckInvalidLossHook(interval=interval, on_invalid=policy))
+    hook = CheckInvalidLossHook(interval=interval, on_invalid=policy)
+    hook.calls, hook.snapshots = [], []
     trainer = Trainer(model, optimizer=dict(type='SGD', lr=0.05, momentum=0.9),
                       train_dataloader=DataLoader(poisoned(), batch_size=8), max_epochs=3, work_dir=str(tmp_path),
                       seed=0, device='cpu', log_level='WARNING', custom_hooks=[hook],
@@ -100,6 +100,7 @@ def run(tmp_path, policy, model_type, interval=3):
 @pytest.mark.parametrize('policy', ['skip', 'rollback'])
 @pytest.mark.parametrize('model_type', [Regressor, TwoLosses], ids=['one_loss', 'two_losses'])
 def test_skip_and_rollback_are_bitwise_the_old_ones(tmp_path, monkeypatch, policy, model_type):
+    count_snapshots(monkeypatch)
     weights, hook = run(tmp_path / 'new', policy, model_type)
     monkeypatch.setattr(invalid_loss, '_finite_on_host', old_decision)
     monkeypatch.setattr(CheckInvalidLossHook, 'next_call', old_next_call)
