@@ -5,6 +5,8 @@ through (``trainer.checkpointer.export_file`` / ``export_directory``, docs/check
 :class:`WeightGate` is the :class:`~hookloop.engine.checkpointer.Checkpointer`'s base: the
 checkpoints it writes are judged against the same baseline.
 """
+import weakref
+
 from ..checkpoint import gate
 from ..checkpoint.finite_state import FiniteBaseline
 from ..fileio import storage
@@ -15,7 +17,7 @@ class WeightGate:
     (:class:`~hookloop.checkpoint.finite_state.FiniteBaseline`; None before a run)."""
 
     def __init__(self, trainer):
-        self._trainer = trainer
+        self._trainer = weakref.proxy(trainer)  # the trainer owns this: no cycle that keeps a dropped one alive
         self.baseline = self._baseline_model = None
 
     def trained_state(self, save_optimizer=True):
