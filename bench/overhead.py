@@ -6,6 +6,7 @@ Each mode pairs a hookloop configuration with the plain loop that does the same 
     accum2    OptimizerHook(cumulative_iters=2)        vs  (loss / 2).backward(); step every 2nd iteration
     fp16      OptimizerHook(precision='fp16')          vs  autocast(fp16) + GradScaler('cpu')
     skip      + CheckInvalidLossHook(on_invalid='skip')      vs  the default plain loop (the check's cost)
+    ema       + EMAHook(interval=1)                    vs  the default plain loop + a torch._foreach_lerp_ EMA
     rollback  + CheckInvalidLossHook(on_invalid='rollback')  vs  the default plain loop
     logging   text + TensorBoard logging every 10 iterations vs  the default plain loop
               (``tensorboard`` is the same mode)
@@ -30,10 +31,7 @@ gaps, which include the log events' and checkpoints' share: what a user's run pa
 stalls (a 5 ms stall of a shared machine in one gap of 2000 moves a plain mean by 2.5 us).
 ``positions_us``: the median gap at each position of a log cycle (the first one ends with
 the log event, the next ones show the cold caches it leaves) less the plain median.
-``batch_us``: the seconds spent writing the log events' lines in batches
-(``hookloop.logging.line_batch``, mostly on the flusher's thread, partly after the timed
-iterations), per hookloop iteration: the gaps hold some of it, so a user pays at most
-``framework_mean_us + batch_us``. ``load`` is the machine's 1-minute load average when the
+``load`` is the machine's 1-minute load average when the
 mode finished. ``--clock wall`` (default) stamps with ``time.perf_counter``;
 ``--clock thread`` with the main thread's CPU time, which ignores time the process waits.
 
@@ -65,7 +63,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from hookloop import Hook, Trainer
 from hookloop.hooks.loggers.base import LoggerHook
 from hookloop.hooks.order import HookOrderWarning
-from hookloop.logging.line_batch import LineBatch
 
 MODELS = {
     # name: (build, features, batch, default iterations per round)
@@ -73,6 +70,7 @@ MODELS = {
     'mlp': (lambda: nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(1024, 1024), nn.ReLU())],
                                   nn.Linear(1024, 1)), 1024, 256, 60),
 }
+EMA_MOMENTUM, EMA_WARM_UP = 0.0002, 100  # EMAHook's defaults
 # mode: hookloop's extra Trainer arguments
 MODES = {
     'default': {},
@@ -80,6 +78,7 @@ MODES = {
     'fp16': dict(optimizer_config=dict(precision='fp16')),
     'skip': dict(custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='skip')]),
     'rollback': dict(custom_hooks=[dict(type='CheckInvalidLossHook', on_invalid='rollback')]),
+    'ema': dict(custom_hooks=[dict(type='EMAHook', momentum=EMA_MOMENTUM, interval=1, warm_up=EMA_WARM_UP)]),
     'logging': dict(log_config=dict(interval=10, hooks=[dict(type='TextLoggerHook'),
                                                         dict(type='TensorboardLoggerHook')])),
     'tensorboard': dict(log_config=dict(interval=10, hooks=[dict(type='TextLoggerHook'),
@@ -101,21 +100,6 @@ PLAIN_MODE = {'accum2_50': 'accum2', 'fp16_50': 'fp16'}  # the plain loop each h
 PERIOD = {'accum2': 2, 'accum2_50': 2}
 clock = time.perf_counter
 LOG_LEVEL = 'INFO'  # --log-level
-batch_seconds = [0.0]  # time in LineBatch flushes, on any thread
-
-
-def _timed_flush(flush):
-    @functools.wraps(flush)
-    def timed(self):
-        start = time.perf_counter()
-        try:
-            return flush(self)
-        finally:
-            batch_seconds[0] += time.perf_counter() - start
-    return timed
-
-
-LineBatch.flush = _timed_flush(LineBatch.flush)  # every waiting line is written through it
 records = [0]  # train records built (the log events that ran in full)
 
 
@@ -158,6 +142,9 @@ class PlainLoop:
         self.mode, self.model, self.loader = PLAIN_MODE.get(mode, mode), model, loader
         self.optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.scaler = torch.amp.GradScaler('cpu') if self.mode == 'fp16' else None
+        if self.mode == 'ema':  # the averages of a user's EMA, updated after each step
+            self.parameters = list(model.parameters())
+            self.averages = [p.detach().clone() for p in self.parameters]
         # endless: a new pass of the loader when one ends, with no Python frame per batch
         self.batches, self.index = itertools.chain.from_iterable(itertools.repeat(loader)), 0
         model.train()
@@ -176,6 +163,15 @@ class PlainLoop:
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
+        elif self.mode == 'ema':
+            parameters, averages = self.parameters, self.averages
+            for step in range(self.index, self.index + count):
+                x, y = next_batch()
+                model(x, y).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                with torch.no_grad():  # MMCV's momentum with a warm-up, as EMAHook's
+                    torch._foreach_lerp_(averages, parameters, min(EMA_MOMENTUM, (1 + step) / (EMA_WARM_UP + step)))
         elif self.mode == 'accum2':
             for index in range(self.index, self.index + count):
                 x, y = next_batch()
@@ -258,7 +254,7 @@ def one_round(mode, build, initial, data, batch, block, skip):
         model.stamps = []
         models.append(model)
     loader = lambda: DataLoader(data, batch_size=batch, shuffle=True, drop_last=True)  # noqa: E731
-    batch_seconds[0], records[0] = 0.0, 0
+    records[0] = 0
     # At INFO (the default a user gets) the terminal lines are written as for a user, to /dev/null
     # here: the run's stream handler keeps the stdout it was built with.
     with open(os.devnull, 'w') as terminal, contextlib.redirect_stdout(terminal):
@@ -277,10 +273,9 @@ def one_round(mode, build, initial, data, batch, block, skip):
     indices = []
     plain, hooked = gaps_us(models[0].stamps, skip, period), gaps_us(models[1].stamps, skip, period, indices)
     cycle = MODES[mode].get('log_config', {}).get('interval', 10)
-    iterations = sum(stamp is not None for stamp in models[1].stamps)
     positions = position_medians(hooked, indices, cycle)
     return (statistics.median(plain), statistics.median(hooked), statistics.mean(plain), statistics.mean(hooked),
-            statistics.mean(positions), batch_seconds[0] * 1e6 / iterations, positions, records[0])
+            statistics.mean(positions), positions, records[0])
 
 
 def run(model_name, mode, rounds, iters, block):
@@ -300,10 +295,9 @@ def run(model_name, mode, rounds, iters, block):
             'framework_us': round(statistics.median(r[1] - r[0] for r in results), 1),
             'framework_mean_us': round(statistics.median(r[3] - r[2] for r in results), 1),
             'framework_cycle_us': round(statistics.median(r[4] - r[0] for r in results), 1),
-            'batch_us': round(statistics.median(r[5] for r in results), 1),
-            'records': results[-1][7],
-            'positions_us': [round(statistics.median(r[6][k] - r[0] for r in results), 1)
-                             for k in range(min(len(r[6]) for r in results))],
+            'records': results[-1][6],
+            'positions_us': [round(statistics.median(r[5][k] - r[0] for r in results), 1)
+                             for k in range(min(len(r[5]) for r in results))],
             'load': round(os.getloadavg()[0], 1)}
 
 

@@ -3,7 +3,10 @@
 Every ``import`` under ``hookloop/`` — at module level or inside a function — is resolved
 (relative ones included) and compared with the layers: a package imports only packages of
 lower layers. Under ``hooks/`` a hook module imports no other hook module, only the support
-modules. And no module outside ``compat/`` grows past 400 lines.
+modules. The packages below ``dist/`` (``checkpoint/`` among them) do not use ``torch.distributed``
+at all: no import of it, and no attribute use (``torch.distributed.all_reduce``, ``th.distributed``
+after ``import torch as th``, ``getattr(torch, 'distributed')``). And no module outside ``compat/``
+grows past 400 lines.
 """
 import ast
 import pathlib
@@ -109,6 +112,64 @@ def violations(modules):
                     (target in HOOK_PACKAGES or target.startswith('hookloop.hooks.')) and target not in HOOK_SUPPORT:
                 found[(name, target)] = f'line {line}: a module under hooks/ imports another hook module'
     return found
+
+
+DIST = 'torch.distributed'
+
+
+def distributed_uses(source):
+    """``[line]``: where ``source`` imports or reaches ``torch.distributed`` (an import of it or
+    of a submodule, ``from torch import distributed``, the attribute on ``torch`` or an alias of
+    it, ``getattr(torch, 'distributed')``, ``importlib.import_module('torch.distributed...')``)."""
+    tree = ast.parse(source)
+    torch_names = {'torch'} | {alias.asname for node in ast.walk(tree) if isinstance(node, ast.Import)
+                               for alias in node.names if alias.name == 'torch' and alias.asname}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            hit = any(a.name == DIST or a.name.startswith(DIST + '.') for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ''
+            hit = not node.level and (module == DIST or module.startswith(DIST + '.') or
+                                      (module == 'torch' and any(a.name == 'distributed' for a in node.names)))
+        elif isinstance(node, ast.Attribute):
+            hit = node.attr == 'distributed' and isinstance(node.value, ast.Name) and node.value.id in torch_names
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, 'attr', getattr(node.func, 'id', None))
+            values = [arg.value for arg in node.args if isinstance(arg, ast.Constant)]
+            hit = (name == 'import_module' and any(isinstance(v, str) and v.startswith(DIST) for v in values)) or \
+                (name == 'getattr' and 'distributed' in values)
+        else:
+            hit = False
+        if hit:
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def below_dist(package):
+    return layer_of(package) < layer_of('dist')
+
+
+def test_packages_below_dist_do_not_use_torch_distributed():
+    found = {name: lines for name, (source, _) in read_modules().items()
+             if below_dist(package_of(name)) and (lines := distributed_uses(source))}
+    assert not found, '\n'.join(f'{name} uses torch.distributed at lines {lines} (docs/architecture.md: only dist/ '
+                                 'and the layers above it know it)' for name, lines in sorted(found.items()))
+
+
+@pytest.mark.parametrize('source', [
+    'import torch\ndef f(x):\n    torch.distributed.all_reduce(x)\n',
+    'import torch\nok = torch.distributed.is_available()\n',
+    'import torch as th\nok = th.distributed.is_initialized()\n',
+    'import torch\ndist = getattr(torch, "distributed")\n',
+    'import torch.distributed as dist\n',
+    'from torch import distributed\n',
+    'def f():\n    from torch.distributed.checkpoint import save\n',
+    'import importlib\ndcp = importlib.import_module("torch.distributed.checkpoint")\n',
+])
+def test_the_checker_sees_every_way_to_reach_torch_distributed(source):
+    assert distributed_uses(source)
+    assert not distributed_uses('import torch\n"""torch.distributed in a docstring"""\nx = torch.ones(1)\n')
 
 
 def test_no_import_goes_against_the_layers():

@@ -114,3 +114,48 @@ def test_a_dataset_of_another_size_mid_epoch_is_refused_not_resplit(tmp_path):
     with pytest.raises(ConfigError, match='batches per epoch changed from 10 to 12'):
         grown.train()
     grown.close()
+
+
+def epoch_ids(records, epoch):
+    return [i for record in records for e, _, _, ids in record.seen if e == epoch for i in ids]
+
+
+def test_a_second_resume_in_a_re_split_epoch_trains_each_sample_once(tmp_path):
+    """Issue 38 item 1: batch 4, stopped after 12 samples of epoch 3; resumed with batch 8, stopped
+    after one more batch (20 samples); resumed with batch 8 again. Before: 44 samples in a
+    40-sample epoch (the second resume saw 'the same shape' and reopened the unsplit order)."""
+    first, second, third = Record(), Record(), Record()
+    train(make(tmp_path, 4, hooks=[first, StopAt(22)]))
+    train(make(tmp_path, 8, hooks=[second, StopAt(11)], resume_from='auto'))
+    resumed = train(make(tmp_path, 8, hooks=[third], resume_from='auto'))
+    assert [it for _, it, _, _ in third.seen] == [12, 13, 14]  # 20 left: batches 2..4 of 5
+    last_epoch = epoch_ids((first, second, third), 2)
+    assert last_epoch == torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+    check_lr(third.seen, 15)
+    assert resumed.iter == 15 and resumed.epoch == 3
+
+
+def test_train_again_after_a_stop_in_a_re_split_epoch_trains_each_sample_once(tmp_path):
+    """The same after an elastic resume, a stop and train() again on the same trainer."""
+    first, second = Record(), Record()
+    train(make(tmp_path, 4, hooks=[first, StopAt(22)]))
+    trainer = make(tmp_path, 8, hooks=[second, StopAt(11)], resume_from='auto')
+    try:
+        trainer.train()
+        assert trainer.iter == 12 and trainer.stop_reason is not None
+        trainer.train()
+    finally:
+        trainer.close()
+    assert [it for _, it, _, _ in second.seen] == [11, 12, 13, 14]
+    assert epoch_ids((first, second), 2) == torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()
+    assert trainer.iter == 15
+
+
+def test_a_resume_whose_record_lines_up_with_the_new_batches_reads_the_uninterrupted_pass(tmp_path):
+    """16 samples done in batches of 4: with batch 8 the rest is batches 2.. of the plain pass,
+    so the resumed epoch is exactly the one a batch-8 run trains from its third batch."""
+    first, second = Record(), Record()
+    train(make(tmp_path, 4, hooks=[first, StopAt(23)]))
+    train(make(tmp_path, 8, hooks=[second], resume_from='auto'))
+    assert [it for _, it, _, _ in second.seen][:3] == [12, 13, 14]
+    assert epoch_ids((first, second), 2) == torch.randperm(N, generator=torch.Generator().manual_seed(2)).tolist()

@@ -1,17 +1,17 @@
-"""A property test of the buffered logs and batched lines (issue 26) where they meet the rest:
-random runs with random log intervals (by epoch or not, ``ignore_last`` or not), validation, sync
-or async checkpoints, TensorBoard beside the text log, a failure at a random iteration and a
+"""A property test of the logs where they meet the rest (issues 26 and 36): random runs with
+random log intervals (by epoch or not, ``ignore_last`` or not), validation, sync or async
+checkpoints, TensorBoard or DVCLive beside the text log, a failure at a random iteration and a
 resume of the failed run, a hook's own ``logger.info`` lines at random iterations, a user's
-handler on the run's logger or not. The flusher's own timer is either out of the way (an hour:
-whatever is on disk comes from the flush points) or racing the run (2 ms), and:
+handler on the run's logger or not. The trackers' records either wait for the flush points (a
+period of an hour) or go at nearly every event (2 ms), and:
 
-* before every checkpoint is built, the JSON log on disk holds every record logged so far;
+* at every iteration and before every checkpoint is built, the JSON log on disk holds every
+  record logged so far (the lines are written at their events);
 * after every run (finished or failed), it holds exactly the records logged, in order;
 * the ``.log`` files hold the train and val lines and the hook's lines in the order they were
-  logged (a batched line never comes after a line logged later), and so does a user's handler,
-  which has every record by the time the next line is logged;
-* TensorBoard's event file has the same train steps, in order;
-* no file of the run is left with the flusher.
+  logged, and so does a user's handler, which has every record by the time the next line is logged;
+* TensorBoard's event file and DVCLive's series have the same train steps, in order;
+* no tracker's records are left registered with the flusher.
 """
 import logging
 import glob
@@ -84,6 +84,9 @@ class Probe(Hook):
         assert disk_records(self.work_dir) == self.logged
         self.checked += 1
 
+    def before_train_iter(self, trainer):
+        assert disk_records(self.work_dir) == self.logged  # every line at its event
+
     def after_train_iter(self, trainer):
         if trainer.iter in self.notes:
             if self.user is not None:  # a user's handler has every line at its event
@@ -124,7 +127,7 @@ def run_once(work_dir, case, logged, fail_at, resume, sequence):
 
 
 @pytest.mark.parametrize('seed', range(CASES))
-def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, seed, flush_every):
+def test_logs_are_complete_at_every_event_and_flush_point(tmp_path, monkeypatch, seed, flush_every):
     rng = random.Random(seed)
     case = dict(interval=rng.choice([2, 3, 4, 5]), by_epoch=rng.random() < 0.5, ignore_last=rng.random() < 0.5,
                 epochs=rng.choice([1, 2, 3]), val_every=rng.choice([0, 1]), ckpt_every=rng.choice([3, 4, 7]),
@@ -156,10 +159,7 @@ def test_buffered_logs_are_complete_at_every_flush_point(tmp_path, monkeypatch, 
         runs.append(run_once(tmp_path, case, logged, None, resume=True, sequence=sequence))
     assert disk_records(tmp_path) == logged, case
     assert log_file_kinds(tmp_path) == sequence, case
-    names = [getattr(t, 'baseFilename', None) or getattr(t, 'name', None) or getattr(t, 'log_dir', '')
-             for t in flusher._files]
-    assert not [n for n in names if str(n).startswith(str(tmp_path))], case
-    assert not [t for t in flusher._files if isinstance(t, RecordBatch)], case  # no tracker's records either
+    assert not [t for t in flusher.registered() if isinstance(t, RecordBatch)], case
     if case['tensorboard']:
         from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
         steps = []

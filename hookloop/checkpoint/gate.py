@@ -67,7 +67,8 @@ def _failed(path, what, exc):
     reason = io_reason(cause)
     if isinstance(exc, RuntimeError) and 'No space left' not in reason and _disk_full(path):
         reason = os.strerror(errno.ENOSPC)
-    return CheckpointError(f'could not write {what} {path}: {reason}; the previous {what} is kept')
+    return CheckpointError(f'could not write {what} {path}: {reason}; the previous '
+                           f'{"checkpoint" if what == "checkpoint" else "file"} is kept')
 
 
 def _disk_full(path):

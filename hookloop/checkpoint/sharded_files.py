@@ -20,6 +20,8 @@ META_FILE = 'hookloop.pth'
 METADATA_FILE = '.metadata'  # DCP's index of the shards
 SHARD_CHECKSUMS = 'shards.sha256'
 MANIFEST_DIGEST = 'shards_digest'  # the key in hookloop.pth that holds shards.sha256's own digest
+MAX_METADATA_BYTES = 256 << 20  # a .metadata larger than this is refused unread
+SHARD_SLACK = 1 << 20  # bytes a shard file may hold beyond its last storage entry (DCP writes none)
 
 
 def read_regular_file(path, limit, what):
@@ -81,12 +83,17 @@ def _read_manifest(path, manifest):
     return expected
 
 
-def verify_shard_files(path):
+def verify_shard_files(path, shard_sizes=None):
     """Check the files of a sharded checkpoint directory without running anything from it:
     ``hookloop.pth`` with ``weights_only`` (and its sidecar), the manifest against the digest
     ``hookloop.pth`` records, every shard file against the manifest. Returns ``hookloop.pth``'s
-    dict; CheckpointError names what is wrong. What ``.metadata`` says is checked by
-    :func:`hookloop.dist.fsdp.verify_sharded`, which reads it with DCP's classes."""
+    dict; CheckpointError names what is wrong.
+
+    ``shard_sizes(path)``, when given, is called once ``.metadata`` has matched its digest and
+    returns ``{shard file name: the bytes its storage entries span}``: a listed file larger than
+    that (by more than :data:`SHARD_SLACK`) is refused before it is hashed, so a huge file named
+    in the manifest costs nothing. :func:`hookloop.dist.fsdp.verify_sharded` passes it (reading
+    ``.metadata`` needs DCP's classes)."""
     if not is_sharded_checkpoint(path):
         raise CheckpointError(f'{path!r} is not a sharded hookloop checkpoint (no {META_FILE} inside)')
     meta_file = os.path.join(path, META_FILE)
@@ -98,21 +105,36 @@ def verify_shard_files(path):
     recorded = rest.get(MANIFEST_DIGEST)
     if integrity.sidecar_state(manifest) != 'file':
         integrity.missing(path, f'its {SHARD_CHECKSUMS} is {integrity.sidecar_state(manifest)}')
-    else:
-        if recorded is not None and file_checksum(manifest) != str(recorded).lower():
-            raise CheckpointError(f'{manifest!r} is damaged: its SHA-256 does not match the one {META_FILE} records')
-        if recorded is None:
-            integrity.missing(path, f'{META_FILE} records no digest of {SHARD_CHECKSUMS} (an older checkpoint)')
-        expected = _read_manifest(path, manifest)
-        for name in sorted(set(expected) | set(_shard_files(path))):
-            file = os.path.join(path, name)
-            if name not in expected:
-                raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
-            state = integrity.sidecar_state(file)
-            if state == 'missing':
-                raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
-            if state != 'file':
-                raise CheckpointError(f'{file!r} is {state}, not a shard file: refusing it')
-            if file_checksum(file) != expected[name]:
-                raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')
+        return rest
+    if recorded is not None and file_checksum(manifest) != str(recorded).lower():
+        raise CheckpointError(f'{manifest!r} is damaged: its SHA-256 does not match the one {META_FILE} records')
+    if recorded is None:
+        integrity.missing(path, f'{META_FILE} records no digest of {SHARD_CHECKSUMS} (an older checkpoint)')
+    expected = _read_manifest(path, manifest)
+    names = sorted(set(expected) | set(_shard_files(path)), key=lambda name: name != METADATA_FILE)
+    limits = None
+    for name in names:  # .metadata first: what it says bounds the other files
+        if name != METADATA_FILE and limits is None and shard_sizes is not None:
+            limits = shard_sizes(path)
+        limit = MAX_METADATA_BYTES if name == METADATA_FILE else None if limits is None else \
+            limits.get(name, 0) + SHARD_SLACK
+        _check_listed_file(path, name, expected, limit)
     return rest
+
+
+def _check_listed_file(path, name, expected, limit):
+    """``name`` is listed, a regular file of at most ``limit`` bytes, and matches its digest."""
+    file = os.path.join(path, name)
+    if name not in expected:
+        raise CheckpointError(f'{file!r} is not listed in {SHARD_CHECKSUMS}: not part of this checkpoint')
+    state = integrity.sidecar_state(file)
+    if state == 'missing':
+        raise CheckpointError(f'{file!r} is missing from the sharded checkpoint')
+    if state != 'file':
+        raise CheckpointError(f'{file!r} is {state}, not a shard file: refusing it')
+    size = os.lstat(file).st_size
+    if limit is not None and size > limit:
+        raise CheckpointError(f'{file!r} is {size} bytes, more than the {limit} its metadata accounts for: '
+                              'refusing to hash it')
+    if file_checksum(file) != expected[name]:
+        raise CheckpointError(f'{file!r} is damaged: its SHA-256 does not match {SHARD_CHECKSUMS}')

@@ -2,12 +2,16 @@
 ``(seed, epoch, position)``.
 
 * The epoch's order is ``torch.randperm(n)`` from a generator seeded with
-  ``seed + epoch`` — the same order ``DistributedSampler`` uses — then padded (or cut)
-  to a multiple of the world size and shared out: rank r takes positions r, r+W, ...
+  ``seed + epoch`` — the same order ``DistributedSampler`` uses — or, for a loader that
+  shuffles with a generator of the user's, the order torch's ``RandomSampler`` draws from it
+  (:mod:`hookloop.data.generator_order`); then padded (or cut) to a multiple of the world
+  size and shared out: rank r takes positions r, r+W, ...
 * Resuming at batch k of an epoch starts the sampler at k: skipped batches are never
-  loaded or collated. A resume with another batch size or world size continues from a
-  position in *samples* of the epoch's order instead (:meth:`ResumableBatchSampler.resume_split`,
-  ``hookloop/engine/elastic_resume.py``): the samples not yet seen are shared out over the new ranks.
+  loaded or collated. Where a run is in its epoch is one record, the number of samples of the
+  epoch's order trained (:meth:`ResumableBatchSampler.samples_before`, a checkpoint's
+  ``meta['samples_in_epoch']``); a resume in any shape continues from it
+  (:meth:`ResumableBatchSampler.start_at`, ``hookloop/engine/elastic_resume.py``): the samples not
+  yet seen are shared out over the new ranks, each once, however many resumes came before.
 * Each batch carries a seed derived from ``(seed, epoch, rank, batch index)``; a data-loader
   worker reseeds ``random``, NumPy and torch with it before loading the batch, so
   augmentations do not depend on which worker loads a batch or on how long workers
@@ -24,6 +28,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from ..errors import ConfigError
+from .generator_order import generator_order
 
 _MASK64 = (1 << 64) - 1
 
@@ -81,7 +86,7 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
     global_rng_draws = 0
 
     def __init__(self, length, batch_size, shuffle=False, seed=0, drop_last=False,
-                 rank=0, world_size=1, shard_drop_last=False, seed_batches=True):
+                 rank=0, world_size=1, shard_drop_last=False, seed_batches=True, order=None):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f'batch_size must be a positive int, got {batch_size!r}')
         self.length = length
@@ -93,26 +98,50 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
         self.world_size = world_size
         self.shard_drop_last = shard_drop_last
         self.seed_batches = seed_batches
+        # Shuffled orders from the user's generator (a GeneratorOrder), else from (seed, epoch).
+        self.order = order if shuffle else None
         self.epoch = 0
         self.start_batch = 0
-        self._split = None  # (epoch, first sample, first batch) of an elastic resume
+        # The pass being read: batches ``first_batch``, ... of pass ``epoch`` hold its order from
+        # position ``first_sample`` on. (e, 0, 0) is the whole epoch; an epoch continued in another
+        # shape (batch size, world size) starts later in both (:meth:`start_at`).
+        self._pass = (0, 0, 0)
 
     def set_epoch(self, epoch, start_batch=0):
+        """Read pass ``epoch`` from batch ``start_batch`` on. A later batch of the pass being read
+        continues it (``train()`` again after a stop, also in an epoch :meth:`start_at` began)."""
+        pass_epoch, _, first_batch = self._pass
+        if epoch != pass_epoch or start_batch < first_batch:
+            self._pass = (epoch, 0, 0)
         self.epoch = epoch
         self.start_batch = start_batch
 
-    def resume_split(self, epoch, start_sample, start_batch):
-        """Continue pass ``epoch`` at position ``start_sample`` of its order (the samples before
-        it were trained, by another batch size or world size): when the pass is opened at
-        ``start_batch`` (``set_epoch(epoch, start_batch)``), the rest of the order is shared out
-        over this sampler's ranks and batched; they are batches ``start_batch``, ... of the pass."""
-        self._split = (epoch, start_sample, start_batch)
+    def start_at(self, epoch, samples):
+        """Continue pass ``epoch`` after the first ``samples`` of its order (over all ranks), which
+        were trained, possibly with another batch size or world size: the rest is shared out over
+        this sampler's ranks and batched. Returns the batch of the pass to start from (then
+        ``set_epoch(epoch, batch)``); where the rest lines up with this shape's batches, the pass
+        is the uninterrupted one, read from there."""
+        self._pass, batch = self._pass_after(epoch, samples)
+        return batch
 
-    def _split_start(self):
-        split = self._split
-        if split is not None and split[0] == self.epoch and split[2] == self.start_batch:
-            return split[1]
-        return 0
+    def batch_after(self, samples):
+        """The batch :meth:`start_at` would start from, without moving the sampler."""
+        return self._pass_after(self.epoch, samples)[1]
+
+    def _pass_after(self, epoch, samples):
+        step = self.batch_size * self.world_size
+        if samples >= self.length:
+            return (epoch, 0, 0), len(self)
+        if samples % step == 0:
+            return (epoch, 0, 0), samples // step
+        first = len(self) - self.remaining_batches(samples)
+        return (epoch, samples, first), first
+
+    def _first_sample(self):
+        """Where in the epoch's order the pass being read starts its ``first_batch``."""
+        pass_epoch, first_sample, _ = self._pass
+        return first_sample if pass_epoch == self.epoch else 0
 
     def _rest_per_rank(self, start_sample):
         rest = max(self.length - start_sample, 0)
@@ -127,17 +156,21 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
     def samples_before(self, batch):
         """Position in the current epoch's order (samples, over all ranks) once ``batch``
-        batches of the pass are done: where a resume continues."""
+        batches of the pass are done: the record a checkpoint keeps and a resume continues from."""
         if batch >= len(self):
             return self.length
-        start = self._split_start()  # the pass was opened at an elastic resume's split
-        first = self.start_batch if start else 0
-        return min(start + max(batch - first, 0) * self.batch_size * self.world_size, self.length)
+        first_sample, first_batch = self._first_sample(), self._pass[2]
+        if not first_sample:
+            first_batch = 0
+        return min(first_sample + max(batch - first_batch, 0) * self.batch_size * self.world_size, self.length)
 
     def indices(self):
-        """This rank's sample indices for the current epoch, in order."""
-        order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
-        start = self._split_start()
+        """This rank's sample indices for the current pass (from its first batch), in order."""
+        if self.order is not None:
+            order = self.order.order(self.epoch, self.length)
+        else:
+            order = epoch_order(self.length, self.seed, self.epoch, self.shuffle)
+        start = self._first_sample()
         if start:
             return shard(order[start:], self.rank, self.world_size, self.shard_drop_last)
         return shard(order, self.rank, self.world_size, self.shard_drop_last)
@@ -155,7 +188,7 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         indices, size = self.indices(), self.batch_size
-        skipped = self.start_batch if self._split_start() else 0  # a split pass's list starts at start_batch
+        skipped = self._pass[2] if self._first_sample() else 0  # a later-starting pass's list begins at its first batch
         if self.start_batch == 0:
             for _ in range(self.global_rng_draws):
                 torch.empty((), dtype=torch.int64).random_()
@@ -246,10 +279,12 @@ def make_resumable(loader, seed, rank=0, world_size=1, loader_name='train_datalo
         raise ConfigError(f'{loader_name}: {type(loader.dataset).__name__} is a map-style dataset without __len__, '
                           f'which its {type(sampler).__name__} needs; give it a __len__, make it an '
                           'IterableDataset, or pass a sampler of your own')
+    order = None
     if isinstance(sampler, RandomSampler):
         if sampler.replacement or sampler._num_samples is not None:
             return loader
         shuffle, shard_drop_last = True, False
+        order = generator_order(loader, sampler)  # the user's seeded order, when the loader has one
     elif isinstance(sampler, SequentialSampler):
         shuffle, shard_drop_last = False, False
     elif isinstance(sampler, DistributedSampler):
@@ -265,7 +300,7 @@ def make_resumable(loader, seed, rank=0, world_size=1, loader_name='train_datalo
     new_sampler = ResumableBatchSampler(len(loader.dataset), batch_sampler.batch_size, shuffle=shuffle,
                                         seed=seed, drop_last=batch_sampler.drop_last, rank=rank,
                                         world_size=world_size, shard_drop_last=shard_drop_last,
-                                        seed_batches=workers)
+                                        seed_batches=workers, order=order)
     dataset = SeededDataset(loader.dataset) if workers else loader.dataset
     return DataLoader(dataset, batch_sampler=new_sampler, **kwargs)
 

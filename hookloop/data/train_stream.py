@@ -17,6 +17,7 @@ import contextlib
 import time
 import warnings
 
+from ..checkpoint.resume_position import is_count, refuse
 from ..checkpoint.rng import get_rng_state, set_rng_state
 from .resumable import SeededDataset, set_loader_epoch
 from .stream_state import resume_plan
@@ -206,14 +207,20 @@ class TrainStream:
             state['loader_state'] = all_gather_objects(own) if self.world_size > 1 else [own]
         return state
 
-    def load_state_dict(self, state, epoch, inner_iter):
+    def load_state_dict(self, state, epoch, inner_iter, source='the checkpoint'):
         """Restore a position saved by :meth:`state_dict`; the iterator opens at the next batch.
-        ``epoch`` / ``inner_iter`` are the checkpoint's counters (a per-epoch pass follows them)."""
+        ``epoch`` / ``inner_iter`` are the checkpoint's counters (a per-epoch pass follows them);
+        ``source`` names the checkpoint in an error (a position that is not a count)."""
         self._batches = None
         if self.per_epoch:
             self.pass_index, self.batches_in_pass = epoch, inner_iter
         elif state is not None:
-            self.pass_index, self.batches_in_pass = int(state['pass']), int(state['batches_in_pass'])
+            if not isinstance(state, dict):
+                raise CheckpointError(f'{source}: its "data" entry is not a dict: the checkpoint is damaged or was edited')
+            for field in ('pass', 'batches_in_pass'):
+                if not is_count(state.get(field)) or state[field] < 0:
+                    refuse(source, field, state.get(field), 'not a count of passes or batches', entry='data')
+            self.pass_index, self.batches_in_pass = state['pass'], state['batches_in_pass']
         else:
             raise CheckpointError(f'the checkpoint has no position for {self.name}, which has no length '
                                   '(or runs with iters_per_epoch): it was not written by this kind of run')

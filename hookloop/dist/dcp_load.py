@@ -6,13 +6,15 @@ DCP's own reader follows ``.metadata`` wherever it points: a storage entry may n
 
 1. reads ``.metadata`` with the restricted unpickler (:mod:`hookloop.dist.dcp_metadata`);
 2. checks it against the states this run loads into, *before any shard is read*: every key
-   present, tensors as tensors with the same global shape and dtype, chunks inside the
-   tensor and covering it, non-tensor values as (small) bytes items, and every storage
-   entry a plain ``*.distcp`` file name of this directory (a regular file, no symlink) with
-   its offset and length inside that file;
+   present, tensors as tensors with the same global shape and dtype, chunks that tile the
+   tensor exactly (:mod:`hookloop.dist.dcp_chunks`), non-tensor values as bytes items no
+   larger than the value this run holds there can need, and every storage entry a plain
+   ``*.distcp`` file name of this directory (a regular file, no symlink) with its offset and
+   length inside that file;
 3. reads through :class:`SafeReader` (its own ``read_data``: each slice opened with
-   ``O_NOFOLLOW``, bounds checked again) and :class:`SafePlanner`, whose bytes items are
-   loaded with ``torch.load(weights_only=True)``.
+   ``O_NOFOLLOW``, bounds checked again, its archive checked before it is decoded) and
+   :class:`SafePlanner`, whose bytes items are decoded as plain values of the form this run
+   holds at their keys (:mod:`hookloop.dist.dcp_items`).
 
 Every refusal is a CheckpointError naming the directory and the entry.
 """
@@ -23,10 +25,11 @@ import stat
 
 import torch
 
+from .dcp_chunks import check_tiling
+from .dcp_items import bytes_item_limit, check_tensor_archive, read_plain_value
 from .dcp_metadata import index_key, read_dcp_metadata
 from ..errors import CheckpointError
 
-MAX_BYTES_ITEM = 1 << 20  # a non-tensor value (an optimizer's lr, betas, ...) is a few kB pickled
 MAX_CHUNKS = 1 << 14  # chunks of one tensor: one per rank that saved it
 TENSOR_OVERHEAD = 1 << 16  # torch.save's zip framing around a chunk's bytes
 _SHARD_NAME = re.compile(r'^[A-Za-z0-9_][A-Za-z0-9_.-]*\.distcp$')
@@ -89,6 +92,14 @@ def check_storage(metadata, path):
     return entries
 
 
+def shard_ends(entries):
+    """``{shard file name: the end of its last storage entry}`` of :func:`check_storage`'s entries."""
+    ends = {}
+    for name, offset, length in entries.values():
+        ends[name] = max(ends.get(name, 0), offset + length)
+    return ends
+
+
 def check_against(metadata, expected, entries, path):
     """Refuse ``metadata`` unless it holds every flattened key of ``expected`` in the
     form this run needs (see the module docstring)."""
@@ -116,13 +127,10 @@ def check_against(metadata, expected, entries, path):
             chunks = md.chunks
             if not isinstance(chunks, list) or not chunks or len(chunks) > MAX_CHUNKS:
                 refuse(f'{key!r} has {len(chunks) if isinstance(chunks, list) else "no"} chunks')
-            covered = 0
-            for chunk in chunks:
-                offsets = _ints(getattr(chunk, 'offsets', None), f'{key!r} chunk offsets', refuse)
-                sizes = _ints(getattr(chunk, 'sizes', None), f'{key!r} chunk sizes', refuse)
-                if len(offsets) != len(size) or len(sizes) != len(size) or any(
-                        o + s > n for o, s, n in zip(offsets, sizes, size)):
-                    refuse(f'{key!r} has a chunk at {list(offsets)} of {list(sizes)} outside its shape {list(size)}')
+            layout = [(_ints(getattr(chunk, 'offsets', None), f'{key!r} chunk offsets', refuse),
+                       _ints(getattr(chunk, 'sizes', None), f'{key!r} chunk sizes', refuse)) for chunk in chunks]
+            check_tiling(key, size, layout, refuse)  # every element in exactly one chunk
+            for offsets, sizes in layout:
                 entry = entries.get(index_key(key, offsets))
                 if entry is None:
                     refuse(f'{key!r} has a chunk at {list(offsets)} with no storage entry')
@@ -130,17 +138,15 @@ def check_against(metadata, expected, entries, path):
                 if entry[2] > limit:
                     refuse(f'{key!r}: a chunk of {list(sizes)} {dtype} is stored in {entry[2]} bytes, more than '
                            f'it can need ({limit})')
-                covered += _numel(sizes)
-            if covered != _numel(size):
-                refuse(f'{key!r}: its chunks hold {covered} elements, its shape {_numel(size)}')
         else:
             if not isinstance(md, BytesStorageMetadata):
                 refuse(f'{key!r} is a plain value here but a tensor in the checkpoint')
             entry = entries.get(index_key(key, None))
             if entry is None:
                 refuse(f'{key!r} has no storage entry')
-            if entry[2] > MAX_BYTES_ITEM:
-                refuse(f'{key!r} is a plain value stored in {entry[2]} bytes (more than {MAX_BYTES_ITEM})')
+            if entry[2] > bytes_item_limit(value):
+                refuse(f'{key!r} is a plain value stored in {entry[2]} bytes (more than the '
+                       f'{bytes_item_limit(value)} its value here can need)')
 
 
 def _open_slice(path, name, offset, length):
@@ -208,6 +214,9 @@ def _reader_class():
 
 
 def _load_tensor(data, fqn, path):
+    def refuse(why):
+        raise CheckpointError(f'refusing to load sharded checkpoint {path!r}: {fqn!r} {why}')
+    check_tensor_archive(data, refuse, 'is stored in an archive that')
     try:
         tensor = torch.load(io.BytesIO(data), map_location='cpu', weights_only=True)
     except Exception as exc:  # noqa: BLE001 - a damaged or rigged slice
@@ -222,16 +231,16 @@ def _planner(path):
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class SafePlanner(DefaultLoadPlanner):
-        """DCP's planner, with bytes items read by ``torch.load(weights_only=True)``."""
+        """DCP's planner, with bytes items read as plain values of the form this run holds
+        at their keys (:func:`hookloop.dist.dcp_items.read_plain_value`)."""
 
         def load_bytes(self, read_item, value):
-            try:
-                loaded = torch.load(value, weights_only=True)
-            except Exception as exc:  # noqa: BLE001
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise CheckpointError(f'refusing to load sharded checkpoint {path!r}: its item '
-                                      f'{read_item.dest_index.fqn!r} is not a plain value ({first})') from None
             fqn = read_item.dest_index.fqn
+
+            def refuse(why):
+                raise CheckpointError(f'refusing to load sharded checkpoint {path!r}: its item {fqn!r} is not '
+                                      f'a plain value of the form this run has ({why})')
+            loaded = read_plain_value(value.getvalue(), self.state_dict[fqn], refuse, 'it')
             if self.flatten_state_dict:  # what DCP's own load_bytes does with the value
                 from torch.distributed.checkpoint._traverse import set_element
                 set_element(self.original_state_dict, self.mappings[fqn], loaded)

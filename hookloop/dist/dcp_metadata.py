@@ -16,17 +16,27 @@ opcodes can be checked one by one) also refuses:
   attacker can make collide would turn a small file into minutes of work;
 * files that are not regular files (``/dev/zero``, FIFOs, symlinks) or larger than
   :data:`MAX_METADATA_BYTES`.
+
+Every Python from 3.9 to 3.13 writes the same metadata in its own way, and each is read:
+an enum member is pickled as ``EnumClass(value)``, or (Python 3.11.0-3.11.4, Debian 12's
+``python3``) as ``getattr(EnumClass, 'NAME')`` and a combined flag as ``operator.or_(a, b)``,
+or (``@global_enum``) by its module-level name; Python 3.13 names paths ``pathlib._local.*``;
+protocols 0-2 name ``__builtin__``. ``getattr`` and ``or_`` are never the real functions: the
+unpickler hands out stand-ins that look up a member of an allowed enum by name, or combine two
+members of one allowed flag, and refuse anything else.
 """
+import _compat_pickle
+import enum
 import io
 import os
 import pickle
+import sys
 
 import torch
 
-from ..checkpoint.sharded_files import METADATA_FILE, read_regular_file
+from ..checkpoint.sharded_files import MAX_METADATA_BYTES, METADATA_FILE, read_regular_file
 from ..errors import CheckpointError
 
-MAX_METADATA_BYTES = 256 << 20
 _SMALL_INT = 1 << 60  # |x| below this: hash(x) == x, no two such keys collide (but -1/-2)
 
 _DCP_METADATA_CLASSES = ('Metadata', 'TensorStorageMetadata', 'TensorProperties', 'ChunkStorageMetadata',
@@ -43,6 +53,7 @@ _ALLOWED = {
     'collections': {'OrderedDict'},
     'builtins': {'set', 'frozenset', 'slice', 'complex'},
 }
+_MODULE_ALIASES = {'pathlib._local': 'pathlib'}  # where Python 3.13 defines pathlib's classes
 
 
 def _is_torch_constant(module, name):
@@ -51,6 +62,14 @@ def _is_torch_constant(module, name):
         return False
     value = getattr(torch, name, None)
     return isinstance(value, (torch.dtype, torch.layout, torch.memory_format))
+
+
+def _allowed_enum(cls):
+    """True for an enum class that ``_ALLOWED`` names (the class itself, not a look-alike)."""
+    if not isinstance(cls, enum.EnumMeta):
+        return False
+    module = sys.modules.get(cls.__module__)
+    return cls.__name__ in _ALLOWED.get(cls.__module__, ()) and getattr(module, cls.__name__, None) is cls
 
 
 def _safe_index_class():
@@ -100,12 +119,48 @@ class RestrictedMetadataUnpickler(pickle._Unpickler):  # the Python implementati
         raise CheckpointError(f'refusing to load {self.source!r}: {why}')
 
     def find_class(self, module, name):
+        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle itself maps them
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        module = _MODULE_ALIASES.get(module, module)
         if module == 'torch.distributed.checkpoint.metadata' and name == 'MetadataIndex':
             return self._index_class
+        if (module, name) == ('builtins', 'getattr'):
+            return self._enum_member
+        if module in ('operator', '_operator') and name == 'or_':
+            return self._flag_union
         if name in _ALLOWED.get(module, ()) or _is_torch_constant(module, name):
             return super().find_class(module, name)
+        member = self._global_enum_member(module, name)
+        if member is not None:
+            return member
         self.refuse(f'it references {module}.{name}, which is not part of torch.distributed.checkpoint '
                     'metadata (loading it could run code)')
+
+    # -- the standard library's other ways to pickle an enum member (see the module docstring)
+    def _enum_member(self, cls, name):
+        """``getattr(cls, name)`` for a member of an allowed enum only."""
+        if not _allowed_enum(cls) or type(name) is not str or name not in cls.__members__:
+            self.refuse(f'it calls getattr({getattr(cls, "__name__", type(cls).__name__)}, {name!r:.40}): only a '
+                        'member of an allowed enum may be looked up by name')
+        return cls.__members__[name]
+
+    def _flag_union(self, a, b):
+        """``a | b`` for two members of one allowed flag only."""
+        if type(a) is not type(b) or not isinstance(a, enum.Flag) or not _allowed_enum(type(a)):
+            self.refuse(f'it calls operator.or_ on a {type(a).__name__} and a {type(b).__name__}: only members '
+                        'of one allowed flag may be combined')
+        return a | b
+
+    @staticmethod
+    def _global_enum_member(module, name):
+        """The member ``name`` of an allowed ``@global_enum`` of ``module`` (pickled by its global name)."""
+        loaded = sys.modules.get(module)
+        for cls_name in _ALLOWED.get(module, ()):
+            cls = getattr(loaded, cls_name, None)
+            if _allowed_enum(cls) and name in cls.__members__ and getattr(loaded, name, None) is cls.__members__[name]:
+                return cls.__members__[name]
+        return None
 
     def _check_keys(self, keys):
         for key in keys:

@@ -32,7 +32,7 @@ from ..checkpoint.sharded_files import MANIFEST_DIGEST, META_FILE, verify_shard_
 # engine/trainer.py (being split on another branch) imports it from here; drop once nothing does.
 from ..checkpoint.sharded_files import is_sharded_checkpoint  # noqa: F401
 from ..errors import CheckpointError, ConfigError
-from .dcp_load import check_storage, load_dcp
+from .dcp_load import check_storage, load_dcp, shard_ends
 from .dcp_metadata import read_dcp_metadata
 
 PLACEHOLDER = 'hookloop.dcp:'  # a hook-state tensor stored in the DCP files under the key that follows
@@ -165,11 +165,18 @@ def save_sharded(checkpoint, path, model, optimizer, rank, pointer_dir=None, wri
 
 def verify_sharded(path):
     """Check a sharded checkpoint directory without running anything from it: its files
-    (:func:`~hookloop.checkpoint.sharded_files.verify_shard_files`), then ``.metadata``
-    through the restricted unpickler and its storage entries inside the directory. Returns
+    (:func:`~hookloop.checkpoint.sharded_files.verify_shard_files`), ``.metadata`` (read
+    through the restricted unpickler once it matched its digest) and its storage entries inside
+    the directory, each shard file no larger than they span before it is hashed. Returns
     ``hookloop.pth``'s dict; CheckpointError names what is wrong."""
-    rest = verify_shard_files(path)
-    check_storage(read_dcp_metadata(path), path)
+    checked = []
+
+    def shard_sizes(path):  # once .metadata matched its digest: bounds the shards before they are hashed
+        checked.append(check_storage(read_dcp_metadata(path), path))
+        return shard_ends(checked[0])
+    rest = verify_shard_files(path, shard_sizes)
+    if not checked:  # no manifest (HOOKLOOP_ALLOW_UNVERIFIED) or no shard file: the metadata is checked all the same
+        check_storage(read_dcp_metadata(path), path)
     return rest
 
 

@@ -19,9 +19,9 @@ from ..logging.flusher import flush_logs
 from .hook_list import HookList
 from .iteration_calls import iteration_stages
 
-# Stages before which the log files are flushed (their lines wait for the flusher otherwise):
-# a hook there may read them, and a checkpoint is built with the lines of the iterations before
-# its own on disk (its own iteration's line comes after: loggers run last).
+# Stages before which the trackers' waiting records are handed over (hookloop.logging.flusher):
+# a hook there may read them, and a checkpoint is built with the records of the iterations before
+# its own handed over (its own iteration's come after: loggers run last).
 FLUSH_BEFORE = frozenset(('after_train_epoch', 'after_val_epoch', 'before_save_checkpoint'))
 
 
@@ -77,7 +77,7 @@ class HookDispatch:
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
                               for stage, hooks in table.items()}
-            self._iteration_stages = iteration_stages(table, self._dispatch, self._call_each)
+            self._iteration_stages = iteration_stages(table, self._dispatch)
         return self._hook_list.stage_table()
 
     def _setup_hooks(self):

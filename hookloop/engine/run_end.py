@@ -56,7 +56,7 @@ def call_after_run(trainer):
     successful run the first failure is raised (and becomes ``trainer.exception``); on an
     error path failures are logged, so the error that stopped training stays the one raised."""
     logger = trainer.logger
-    flush_logs()  # an after_run hook may copy or upload the log files: they are complete
+    flush_logs()  # the trackers' waiting records: an after_run hook may copy or upload what they wrote
     if trainer.exception is None:
         failure = None
         for method in trainer._dispatch['after_run']:

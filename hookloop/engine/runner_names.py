@@ -63,7 +63,7 @@ class MMCVRunnerAttributes:
     ``data_loader`` (the current mode's loader), ``log_buffer``, ``meta`` (the dict an MMCV
     runner was given; ``None`` otherwise; checkpoint and evaluation hooks record
     ``meta['hook_msgs']`` in it), ``model_name``, ``current_lr()``, ``current_momentum()``,
-    ``get_hook_info()`` and the ``register_*_hook`` methods; ``call_hook``, ``outputs``,
+    ``get_hook_info()``, the ``register_*_hook`` methods and ``train_outputs`` (ModelScope's); ``call_hook``, ``outputs``,
     ``epoch``, ``iter``, ``inner_iter``, ``max_epochs``, ``max_iters``, ``rank``,
     ``world_size``, ``timestamp``, ``work_dir``, ``logger``, ``mode`` are the trainer's own.
     """
@@ -77,6 +77,10 @@ class MMCVRunnerAttributes:
     @property
     def log_buffer(self):
         return LogBuffer(self)
+
+    @property
+    def train_outputs(self):  # ModelScope's name of ``outputs``
+        return self.outputs
 
     @property
     def model_name(self):

@@ -201,10 +201,6 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
         of an iteration-based run."""
         return min(self.iters_per_epoch, self.max_iters - self.epoch * self.iters_per_epoch)
 
-    @property
-    def train_outputs(self):
-        return self.outputs
-
     def request_stop(self, reason):
         """Stop after the current iteration (hooks use this, e.g. on SIGTERM)."""
         self.stop_reason = reason
@@ -293,8 +289,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             if position.iter >= before.next_due:
                 before.walk(self)
             else:
+                before.running = methods = iter(before.every)  # a re-plan in a hook finds its place there
                 try:
-                    for method in before.every:
+                    for method in methods:
                         method(self)
                 except Exception as exc:
                     self._note_hook_error(exc, method, 'before_train_iter')
@@ -304,8 +301,9 @@ class Trainer(HookDispatch, MMCVRunnerAttributes):  # hook registration and disp
             if position.iter >= after.next_due:
                 after.walk(self)
             else:
+                after.running = methods = iter(after.every)  # a re-plan in a hook finds its place there
                 try:
-                    for method in after.every:
+                    for method in methods:
                         method(self)
                 except Exception as exc:
                     self._note_hook_error(exc, method, 'after_train_iter')

@@ -36,7 +36,7 @@ from ..optim.accumulation import accumulation_window
 from ..optim.step_options import check_cumulative_iters, check_grad_clip, optimized_params, total_loss
 from ..optim.scale_book import ScaleBook, skipped_run
 from .base import NEVER, Hook
-from .blind_spots import schedule_blind_spots
+from .blind_spots import hook_blind_spots
 
 # Processor methods whose override does not change when the iteration stages have work.
 PROCESSOR_SAFE = ('initialize_optimizer', 'before_run', 'after_run', 'state_dict', 'load_state_dict')
@@ -344,7 +344,7 @@ class OptimizerHook(Hook):
 
     def next_call(self, trainer, stage, start):
         ask = getattr(self.processor, 'next_call', None)
-        if ask is None or schedule_blind_spots(type(self.processor), PROCESSOR_SAFE):
+        if ask is None or hook_blind_spots(self.processor, PROCESSOR_SAFE):
             return None  # a processor without a schedule, or a subclass its schedule cannot know
         return ask(trainer, stage, start, self.cumulative_iters)
 

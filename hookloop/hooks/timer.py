@@ -20,9 +20,12 @@ class IterTimerHook(Hook):
     Only training is timed: a validation run inside training (per-iteration evaluation)
     is left out of ``time`` and ``data_time``, and so out of the logged ETA, wherever the
     evaluation hook runs relative to this one. Everything else is in: data, step, hooks and
-    checkpoint saves, also those after a read in the middle of an iteration (the invalid-loss
-    guard reads the meters before a save): the time after a read goes to the next iterations,
-    across epoch ends, never dropped.
+    checkpoint saves. An iteration's time runs to the last read made while its
+    ``after_train_iter`` runs: a read there (the invalid-loss guard reads the meters before a
+    save) hands the iteration over, and a later read in it (the logger's) measures it again, so a
+    window's time holds the saves made in its iterations, as MMCV's order (checkpoint NORMAL,
+    timer LOW, logger VERY_LOW) gives. What comes after an iteration's last read (the logger
+    itself, an epoch-end save) goes to the next iterations, across epoch ends.
 
     Args:
         clock: a zero-argument function returning seconds (default ``time.perf_counter``);
@@ -38,6 +41,7 @@ class IterTimerHook(Hook):
         self._done = 0          # training iterations completed at the last hand-over
         self._data = 0.0        # trainer.step.data_seconds then
         self._paused = 0.0      # validation seconds since then
+        self._open = None       # (iteration, count, start, data, paused) of a hand-over made during that iteration
 
     def before_run(self, trainer):
         self._trainer = trainer
@@ -59,7 +63,7 @@ class IterTimerHook(Hook):
     def after_run(self, trainer):
         self._hand_over()
         trainer.meters.remove_source(self._hand_over)
-        self._start = None
+        self._start = self._trainer = None  # (no cycle left through the trainer: a dropped one is freed at once)
 
     def _restart(self, now, done=None):
         trainer = self._trainer
@@ -67,22 +71,39 @@ class IterTimerHook(Hook):
         self._start, self._done, self._data, self._paused = now, done, trainer.step.data_seconds, 0.0
 
     def _hand_over(self):
-        """Give the meters one ``time`` and ``data_time`` per iteration completed since the last call."""
+        """Give the meters one ``time`` and ``data_time`` per iteration completed since the last
+        call; a call in the same iteration as the last one measures that hand-over again."""
         if self._start is None:
             return
         trainer = self._trainer
         done = _completed(trainer)
         count = done - self._done
-        if count <= 0:
+        position = trainer.position
+        again = count <= 0 and position.in_train_iteration and self._open is not None and \
+            self._open[0] == position.iter
+        if count <= 0 and not again:
             return
         now = self._clock()
         paused = self._paused
         if self._val_start is not None:  # read during a validation: count it up to now, go on from now
             paused += now - self._val_start
             self._val_start = now
-        kept = min(count, trainer.meters.history)
-        trainer.meters.extend('data_time', [(trainer.step.data_seconds - self._data) / count] * kept, count)
-        trainer.meters.extend('time', [(now - self._start - paused) / count] * kept, count)
+        if again:  # the stretch handed over earlier in this iteration, up to now
+            _, count, begin, data, paused_before = self._open
+        else:
+            begin, data, paused_before = self._start, self._data, 0.0
+        paused += paused_before
+        meters, kept = trainer.meters, min(count, trainer.meters.history)
+        data_time, seconds = [(trainer.step.data_seconds - data) / count] * kept, [(now - begin - paused) / count] * kept
+        if again:
+            meters.revise('data_time', data_time)
+            meters.revise('time', seconds)
+        else:
+            meters.extend('data_time', data_time, count)
+            meters.extend('time', seconds, count)
+        # Read while after_train_iter runs: the iteration is not over (a save may follow); a later
+        # read in it (the logger's) measures this stretch again.
+        self._open = (position.iter, count, begin, data, paused) if position.in_train_iteration else None
         self._restart(now, done)
 
 

@@ -1,80 +1,124 @@
-"""The run's Python logger: terminal plus ``<work_dir>/<timestamp>.log`` on rank 0."""
+"""The run's Python logger: terminal plus ``<work_dir>/<timestamp>.log`` on rank 0.
+
+Every line reaches its destination at its event, in the order of logging, as ``logging``'s own
+handlers write it: the terminal's stream and the ``.log`` file are flushed after each line, so a
+process that ends without Python seeing it (``os.abort()``, a crash in an extension, ``os._exit``,
+``SIGKILL``) keeps every line logged before it.
+
+A destination that cannot be written (a full disk, a file made read-only, a closed terminal)
+is reported with one line on ``stderr`` and left out from then on: training goes on (see
+docs/logging.md, "When a log cannot be written").
+"""
+import itertools
 import logging
 import os
 import sys
 import time
 
-from . import flusher
-from .line_batch import LineBatch
-
 _FORMAT = '%(asctime)s - hookloop - %(levelname)s - %(message)s'
+_runs = itertools.count(1)  # a distinct logger for each trainer, also two made in the same second
 
 
 def create_logger(work_dir, timestamp, rank=0, level='INFO'):
-    """A fresh logger for one trainer. Other ranks print warnings and errors only."""
-    logger = logging.getLogger(f'hookloop.{timestamp}.{id(work_dir)}')
+    """A fresh logger for one trainer. Other ranks print warnings and errors only.
+    :func:`close_logger` closes its handlers and takes it out of ``logging``'s registry."""
+    logger = logging.getLogger(f'hookloop.{timestamp}-{next(_runs)}')  # (no '.' in it: no per-run placeholder)
     logger.propagate = False
-    earlier = line_batch(logger)
-    if earlier is not None:
-        earlier.flush()  # an earlier trainer's lines, to its handlers
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        handler.close()
-    batch = logger.hookloop_lines = LineBatch()  # the log events' lines wait here (see line_batch)
     logger.setLevel(level if rank == 0 else logging.WARNING)
     formatter = logging.Formatter(_FORMAT)
     formatter.hookloop_line = True  # lines for this formatter may be written by :func:`info_line`
-    stream = logging.StreamHandler(sys.stdout)
+    stream = TerminalHandler(sys.stdout)
     stream.setFormatter(formatter)
-    stream.addFilter(batch)
     logger.addHandler(stream)
     if rank == 0 and work_dir is not None:
         file_handler = DeferredFileHandler(os.path.join(work_dir, f'{timestamp}.log'))
         file_handler.setFormatter(formatter)
-        file_handler.addFilter(batch)
         logger.addHandler(file_handler)
     return logger
 
 
-class DeferredFileHandler(logging.Handler):
-    """A log file that is created only when the run starts (:func:`start_log_file`).
+def report_write_failure(destination, exc):
+    """The one line a log destination that cannot be written gets (on ``stderr``)."""
+    try:
+        sys.stderr.write(f'hookloop: cannot write {destination} ({exc}); training goes on without it\n')
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # no stderr left either: nothing more to say it with
+        pass
+
+
+class _OneLineFailure:
+    """A handler of :func:`create_logger`'s: a write that fails with an ``OSError`` turns the
+    handler off with one line (:func:`report_write_failure`), not a traceback per record."""
+
+    failure = None  # the OSError that turned the handler off
+
+    def handle(self, record):
+        if self.failure is not None:
+            return False
+        return super().handle(record)
+
+    def handleError(self, record):  # noqa: N802 (logging's name)
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):
+            super().handleError(record)  # a bug (a bad format string...): logging's traceback
+        elif self.failure is None:
+            self.failure = exc
+            report_write_failure(self.destination(), exc)
+
+    def destination(self):
+        raise NotImplementedError
+
+
+class TerminalHandler(_OneLineFailure, logging.StreamHandler):
+    """The run's terminal (``stdout``)."""
+
+    def destination(self):
+        return f'the terminal ({getattr(self.stream, "name", "stdout")})'
+
+
+class DeferredFileHandler(_OneLineFailure, logging.FileHandler):
+    """The run's ``.log`` file, created only when the run starts (:func:`start_log_file`).
 
     Records before that are kept and written first, so a trainer whose build fails, or a
-    run that finds nothing to do, leaves no empty ``.log`` behind. A record through the standard
-    path is flushed at once (as ``logging.FileHandler`` does); a log event's line
-    (:func:`info_line`) waits for the :mod:`~hookloop.logging.flusher`."""
+    run that finds nothing to do, leaves no empty ``.log`` behind. Each record is written and
+    flushed at once (as ``logging.FileHandler`` does)."""
 
     def __init__(self, path):
-        super().__init__()
-        self.path = self.baseFilename = path
+        super().__init__(path, encoding='utf-8', delay=True)
         self._pending = []
-        self._file = None
+
+    @property
+    def started(self):
+        return self._pending is None
 
     def start(self):
-        if self._file is None:
-            self._file = logging.FileHandler(self.path, encoding='utf-8')
-            self._file.setFormatter(self.formatter)
-            for record in self._pending:
-                self._file.handle(record)
-            self._pending = []
-            flusher.register(self._file)
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            try:
+                self.stream = self._open()
+            except OSError as exc:  # (the work dir was checked writable: a full disk)
+                self.failure = exc
+                report_write_failure(self.destination(), exc)
+            for record in pending:
+                self.handle(record)
 
     def emit(self, record):
-        if self._file is not None:
-            self._file.handle(record)
-        else:
+        if self._pending is not None:
             self._pending.append(record)
-
-    def flush(self):
-        if self._file is not None:
-            self._file.flush()
+        elif self.stream is not None:  # (None: closed)
+            super().emit(record)
 
     def close(self):
-        if self._file is not None:
-            flusher.unregister(self._file)
-            self._file.close()
-        self._pending = []
-        super().close()
+        try:
+            super().close()  # (flushes: a full disk may refuse what a failed write left in the buffer)
+        except OSError as exc:
+            if self.failure is None:
+                self.failure = exc
+                report_write_failure(self.destination(), exc)
+        self._pending = None
+
+    def destination(self):
+        return f'the log file {self.baseFilename}'
 
 
 def start_log_file(logger):
@@ -85,66 +129,34 @@ def start_log_file(logger):
 
 
 def close_logger(logger):
-    if line_batch(logger) is not None:
-        line_batch(logger).flush()
+    """Close the handlers :func:`create_logger` gave ``logger`` and forget it: nothing of the
+    run stays in ``logging``'s registry (a sweep of trainers in one process leaves no trace)."""
     for handler in list(logger.handlers):
-        handler.flush()
         handler.close()
         logger.removeHandler(handler)
+    registry = logging.Logger.manager.loggerDict
+    if registry.get(logger.name) is logger:
+        registry.pop(logger.name, None)
 
 
 # -- the log events' fast path ------------------------------------------------------------
 _TIME_FORMAT = logging.Formatter.default_time_format
 _MSEC_FORMAT = logging.Formatter.default_msec_format
+_OWN = (TerminalHandler, DeferredFileHandler)
 _seconds = [None, None, None]  # (whole second, converter, its strftime): one strftime per second
 
 
 def _direct(handler):
-    """The stream handler that writes the lines of one of :func:`create_logger`'s own
-    handlers, when a line can be written to its stream as it would write it itself, else None
-    (a user's handler, or one changed since)."""
-    if handler.filters and _foreign(handler.filters):
-        return None
-    if type(handler) is DeferredFileHandler:
-        handler = handler._file
-        if handler is None or handler.filters or logging.INFO < handler.level:
-            return None  # not started yet: the handler keeps the record for later
-    elif type(handler) is not logging.StreamHandler:
-        return None
+    """True when ``handler`` is one of :func:`create_logger`'s own, as it made it, ready to
+    take a line written to its stream as it would write it itself (else: a user's handler, one
+    changed since, a ``.log`` not started yet or a destination turned off, which take the record)."""
+    if type(handler) not in _OWN or handler.filters or handler.stream is None or handler.failure is not None \
+            or handler.terminator != '\n' or (type(handler) is DeferredFileHandler and not handler.started):
+        return False
     formatter = handler.formatter  # still the one create_logger made, as it made it
-    if handler.stream is None or handler.terminator != '\n' or type(formatter) is not logging.Formatter \
-            or not getattr(formatter, 'hookloop_line', False) or formatter._fmt != _FORMAT \
-            or formatter.datefmt is not None or formatter.default_time_format != _TIME_FORMAT \
-            or formatter.default_msec_format != _MSEC_FORMAT:
-        return None
-    return handler
-
-
-def line_batch(logger):
-    """The :class:`~hookloop.logging.line_batch.LineBatch` :func:`create_logger` gave ``logger``
-    (a filter of each of its handlers), or None."""
-    return getattr(logger, 'hookloop_lines', None)
-
-
-def deferrable(logger):
-    """The handlers a log event's line goes to, as ``(handler, stream handler)`` pairs, when the
-    line may wait in the logger's :class:`~hookloop.logging.line_batch.LineBatch`: every handler
-    of ``logger`` is one of :func:`create_logger`'s own, as it made them. Else None (a user's
-    handler gets each record at its event)."""
-    if line_batch(logger) is None or logger.filters or logger.disabled or not logger.handlers:
-        return None
-    handlers = []
-    for handler in logger.handlers:
-        direct = _direct(handler)
-        if direct is None:
-            return None
-        if logging.INFO >= handler.level:
-            handlers.append((handler, direct))
-    return handlers
-
-
-def _foreign(filters):
-    return any(type(f) is not LineBatch for f in filters)
+    return type(formatter) is logging.Formatter and getattr(formatter, 'hookloop_line', False) \
+        and formatter._fmt == _FORMAT and formatter.datefmt is None \
+        and formatter.default_time_format == _TIME_FORMAT and formatter.default_msec_format == _MSEC_FORMAT
 
 
 def _asctime(created, converter):
@@ -156,7 +168,8 @@ def _asctime(created, converter):
 
 
 def info_line(logger, message):
-    """``logger.info(message)`` for a run's logger, cheaper (a log event's line).
+    """``logger.info(message)`` for a run's logger, cheaper (a log event's line), written and
+    flushed now.
 
     The handlers :func:`create_logger` made get the line they would write, formatted once for
     all of them, without a ``LogRecord``; any other handler (a user's) gets the record as
@@ -172,33 +185,27 @@ def info_line(logger, message):
         if logging.INFO >= handler.level:
             direct = _direct(handler)
             handlers.append((handler, direct))
-            if direct is None and record is None:
+            if not direct and record is None:
                 frame = sys._getframe(1)
                 record = logger.makeRecord(logger.name, logging.INFO, frame.f_code.co_filename, frame.f_lineno,
                                            message, (), None, frame.f_code.co_name)
-    write_line(logger, handlers, message, time.time() if record is None else record.created, record)
-
-
-def write_line(logger, handlers, message, created, record=None):
-    """Write the line of ``logger.info(message)`` made at ``created`` to ``handlers``, the
-    ``(handler, stream handler)`` pairs of :func:`deferrable` (a handler whose pair is None gets
-    ``record``): the log event's line, now or from its batch."""
+    created = time.time() if record is None else record.created
     line = converter = None
     for handler, direct in handlers:
-        if direct is None:
+        if not direct:
             handler.handle(record)
             continue
-        if direct.formatter.converter is not converter:
-            converter = direct.formatter.converter
+        if handler.formatter.converter is not converter:
+            converter = handler.formatter.converter
             line = f'{_asctime(created, converter)} - hookloop - {logging.getLevelName(logging.INFO)} - {message}\n'
         try:
-            with direct.lock:
-                direct.stream.write(line)
-                if direct is handler:  # the terminal at once; the .log file (a DeferredFileHandler's) by the flusher
-                    direct.stream.flush()
+            with handler.lock:
+                stream = handler.stream
+                stream.write(line)
+                stream.flush()
         except RecursionError:
             raise
-        except Exception:  # as logging.StreamHandler.emit does (also: a handler closed since the event)
+        except Exception:  # as logging.StreamHandler.emit does (an OSError turns the destination off)
             if record is None:
                 record = logger.makeRecord(logger.name, logging.INFO, __file__, 0, message, (), None, 'info_line')
             handler.handleError(record)

@@ -19,6 +19,7 @@ polling at every iteration.
 """
 import math
 import operator
+import weakref
 from collections import deque
 from itertools import islice
 
@@ -116,6 +117,15 @@ class MeterBuffer:
             self._totals[key] = 0
         series.extend(values)
         self._totals[key] += count
+        self._version += 1
+
+    def revise(self, key, values):
+        """Replace the newest ``len(values)`` values of ``key`` (a source re-measuring what it
+        handed over earlier in the same iteration; ``IterTimerHook``); counts and marks stay."""
+        series = self._values[key]
+        for _ in range(min(len(values), len(series))):
+            series.pop()
+        series.extend(values)
         self._version += 1
 
     def __contains__(self, key):
@@ -268,7 +278,7 @@ class BulkSeries:
     (a logger reserves its interval), so the dropped ones are not counted either."""
 
     def __init__(self, meters, key):
-        self._meters, self.key = meters, key
+        self._meters, self.key = weakref.ref(meters), key  # (the meters hold this: no cycle)
         self.resize(meters.history)
 
     def resize(self, history):
@@ -278,7 +288,7 @@ class BulkSeries:
 
     def collect(self):
         if self._values:
-            self._meters.extend(self.key, self._values)
+            self._meters().extend(self.key, self._values)
             self._values.clear()
 
 

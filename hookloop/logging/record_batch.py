@@ -3,19 +3,17 @@
 Inside the training loop a tracker library's call at each log event costs one to several
 milliseconds: MLflow's store commits a transaction, DVCLive rewrites its files, TensorBoard's
 writer wakes its thread to compete with the loop. So a tracker logger hook keeps the records
-here (:meth:`RecordBatch.add`: an ``append``) and they are handed over, in order, by the log
-:mod:`~hookloop.logging.flusher` once a second, at every flush point (epoch and validation ends,
-checkpoint builds, ``after_run``) and when the logger stops (:meth:`RecordBatch.stop`).
+here (:meth:`RecordBatch.add`) and they are handed over, in order, on the loop's thread: at the
+first event :data:`~hookloop.logging.flusher.FLUSH_SECONDS` after the last hand-over, at every
+flush point and exit of the :mod:`~hookloop.logging.flusher`, before the logger's other calls
+into its library (:meth:`RecordBatch.exclusive`: its images come after the records logged before
+them) and when the logger stops (:meth:`RecordBatch.stop`).
 
-One hand-over at a time: the flusher's thread and the logger's own calls into its library (its
-images, :meth:`RecordBatch.exclusive`, after the records logged before them) take turns. A
-failing hand-over is given to ``on_failure`` (maybe on the flusher's thread: the logger raises it
-at its next call, :meth:`~hookloop.hooks.loggers.base.LoggerHook.keep_failure`).
+A failing hand-over is given to ``on_failure`` (the logger raises it at its next call,
+:meth:`~hookloop.hooks.loggers.base.LoggerHook.keep_failure`: a flush point is no place for it).
 """
 import contextlib
-import threading
 import time
-from collections import deque
 
 from . import flusher
 
@@ -26,40 +24,39 @@ class RecordBatch:
 
     def __init__(self, hand_over, on_failure):
         self._hand_over, self._on_failure = hand_over, on_failure
-        self._records = deque()
-        self._turn = threading.RLock()
+        self._records = []
+        self._last = time.monotonic()  # the last hand-over
 
     def start(self):
+        self._last = time.monotonic()
         flusher.register(self)
 
     def add(self, record):
         self._records.append((record, time.time()))
+        if time.monotonic() - self._last >= flusher.FLUSH_SECONDS:
+            self.flush()
 
     def flush(self):
-        """Hand over the records kept so far (the flusher's call)."""
-        records = self._records
-        if not records:
+        """Hand over the records kept so far."""
+        self._last = time.monotonic()
+        if not self._records:
             return
-        with self._turn:
-            taken = []
-            while records:  # (popleft: the loop may add meanwhile)
-                taken.append(records.popleft())
-            if taken:  # (another thread may have handed them over meanwhile)
-                try:
-                    self._hand_over(taken)
-                except Exception as exc:
-                    self._on_failure(exc)
+        taken, self._records = self._records, []
+        try:
+            self._hand_over(taken)
+        except Exception as exc:
+            self._on_failure(exc)
 
     @contextlib.contextmanager
     def exclusive(self):
-        """Around another call into the library: the records before it first, none during it."""
-        with self._turn:
-            self.flush()
-            yield
+        """Around another call into the library: the records before it first."""
+        self.flush()
+        yield
 
     def stop(self):
         """Hand over what is left; no more flushes."""
         flusher.unregister(self)
+        self.flush()  # (also records added after a fork, in a child that forgot the registration)
 
 
 __all__ = ['RecordBatch']

@@ -209,7 +209,7 @@ class LoggerHook(Hook):
         return self._opened and type(self).log_images is not LoggerHook.log_images
 
     def keep_failure(self, exc):
-        """For a subclass that writes its records later, maybe on the log flusher's thread: keep
+        """For a subclass that writes its records later (at a flush point, or at exit): keep
         ``exc`` for :meth:`raise_kept_failure`, called by the subclass's next ``log``/``close``."""
         if self._kept_failure is None:
             self._kept_failure = exc

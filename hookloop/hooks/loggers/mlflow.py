@@ -67,7 +67,7 @@ class MlflowLoggerHook(LoggerHook):
             mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
         if self.tags:
             mlflow.set_tags(self.tags)
-        self._client = mlflow.MlflowClient(uri)  # names its run: usable from the flusher's thread
+        self._client = mlflow.MlflowClient(uri)  # log_batch names its run: no active fluent run needed
         self._batch.start()
 
     def log(self, trainer, record):

@@ -14,9 +14,9 @@ class TensorboardLoggerHook(LoggerHook):
     The config is written once as the text ``config``.
 
     A record's scalars become one event, built and handed to TensorBoard's writer with the
-    others of the last second (:mod:`~hookloop.logging.record_batch`: built at a log event,
-    inside the loop, an event cost several times as much; each hand-over wakes the writer's
-    thread, which then competes with the loop), before any image and when the logger closes.
+    others of the last second (:mod:`~hookloop.logging.record_batch`: each hand-over wakes the
+    writer's thread, which then competes with the loop), before any image, at the flush points
+    and when the logger closes.
     TensorBoard itself writes its file every 120 s (``flush_secs``) or at close.
 
     Args:

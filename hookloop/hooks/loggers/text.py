@@ -6,8 +6,7 @@ import os
 import shutil
 import time
 
-from ...logging import flusher
-from ...logging.logger import deferrable, info_line, line_batch, write_line
+from ...logging.logger import info_line, report_write_failure
 from ...registry import HOOKS
 from .base import LoggerHook, check_writable_dir
 
@@ -64,8 +63,8 @@ class TextLoggerHook(LoggerHook):
         self.keep_local = keep_local
         self.interval_exp_name = interval_exp_name
         self.json_path = None
-        self._json_file = None  # open while the logger is: one buffered write per record, not an open and a close
-        self._logger = self._batch = None  # the run's logger and its LineBatch (hookloop.logging.line_batch)
+        self._json_file = None  # open while the logger is: one write per record, not an open and a close
+        self._logger = None
         self._start_iter = None
         self._time_sum = 0.0  # sum of logged ``time`` averages x interval: the ETA's basis
         self._wall_start = time.perf_counter()
@@ -78,16 +77,11 @@ class TextLoggerHook(LoggerHook):
             check_writable_dir(os.path.join(self.out_dir, os.path.basename(trainer.work_dir)), type(self).__name__)
         self.json_path = json_log_path(trainer)
         self.exp_name = os.path.basename(trainer.work_dir)
-        # Binary and buffered: a write is no system call; the flusher's thread flushes it (thread-safe in binary).
         self._json_file = open(self.json_path, 'ab')
-        flusher.register(self._json_file)
         self._write_json({'hookloop': True, 'seed': trainer.seed, 'work_dir': trainer.work_dir,
                           'exp_name': self.exp_name})
         self._wall_start = time.perf_counter()
         self._logger = trainer.logger
-        self._batch = line_batch(trainer.logger)  # None: a logger of a user's, written at once
-        if self._batch is not None:
-            self._batch.join()
 
     def before_train_epoch(self, trainer):
         super().before_train_epoch(trainer)
@@ -95,42 +89,24 @@ class TextLoggerHook(LoggerHook):
             self._start_iter = self._last_iter = trainer.iter
 
     def log(self, trainer, record):
-        self.raise_kept_failure()
+        """The line (terminal and ``.log``) and the JSON record of a log event, written and
+        flushed now: a crash right after keeps them."""
         logger = self._logger
         shown = logger.isEnabledFor(logging.INFO)  # below INFO no line is formatted at all
         eta = count = None
         if record['mode'] == 'train':
             n = self.interval_exp_name
             if n and record['iter'] // n > self._last_iter // n:  # crossed a multiple of n
-                logger.info('Exp name: %s', self.exp_name)  # (the lines before it are written first)
+                logger.info('Exp name: %s', self.exp_name)
             eta = self.eta_seconds(trainer, record)  # now: it keeps the sum of logged times
             count = trainer.epoch_length if self.by_epoch else trainer.max_iters
             self._last_iter = record['iter']
-        handlers = deferrable(logger) if self._batch is not None else None
-        if handlers is not None:  # the line and the JSON record wait for the next batch
-            self._batch.defer(self._write_later, time.time(), record, eta, count, handlers if shown else None)
-            return
-        if self._batch is not None:
-            self._batch.flush()  # the lines logged before this one
         if shown:
             info_line(logger, self._line(record, eta, count))  # a user's handler gets the record now
         self._write_json(record)
 
     def log_profile(self, trainer, record):
-        if self._batch is not None:
-            self._batch.flush()
-        self.raise_kept_failure()
         self._write_json(record)
-
-    def _write_later(self, created, record, eta, count, handlers):
-        """A log event's line (to the handlers of its event; None: not shown) and JSON record,
-        from a batch: maybe on the flusher's thread, so a failure waits for this hook's next call."""
-        try:
-            if handlers is not None:
-                write_line(self._logger, handlers, self._line(record, eta, count), created)
-            self._write_json(record)
-        except Exception as exc:
-            self.keep_failure(exc)
 
     def _line(self, record, eta, count):
         if record['mode'] == 'train':
@@ -141,7 +117,16 @@ class TextLoggerHook(LoggerHook):
 
     def _write_json(self, record):
         text = ''.join(_ENCODE(record, 0)) if _ENCODE is not None else _JSON.encode(record)
-        self._json_file.write((text + '\n').encode())  # ASCII: the encoder escapes the rest
+        file = self._json_file
+        if file is None:  # turned off: it could not be written
+            return
+        try:
+            file.write((text + '\n').encode())  # ASCII: the encoder escapes the rest
+            file.flush()
+        except OSError as exc:  # a full disk, a file made read-only: one line, and training goes on
+            self._json_file = None
+            report_write_failure(f'the JSON log {self.json_path}', exc)
+            _close_quietly(file)
 
     def run_summary(self, trainer):
         return {'json log': os.path.relpath(self.json_path, trainer.work_dir)} if self.json_path else {}
@@ -179,14 +164,9 @@ class TextLoggerHook(LoggerHook):
         return line
 
     def close(self, trainer):
-        if self._batch is not None:
-            self._batch.leave()  # writes what waits
-            self._batch = None
         if self._json_file is not None:
-            flusher.unregister(self._json_file)
-            self._json_file.close()
+            _close_quietly(self._json_file)  # (every record is flushed already)
             self._json_file = None
-        self.raise_kept_failure()
         if not self.out_dir:
             return
         target = os.path.join(self.out_dir, os.path.basename(trainer.work_dir))
@@ -198,6 +178,13 @@ class TextLoggerHook(LoggerHook):
                 if not self.keep_local and not name.endswith('.log'):  # the open .log stays
                     os.remove(os.path.join(trainer.work_dir, name))
         trainer.logger.info('copied the logs to %s', target)
+
+
+def _close_quietly(file):
+    try:
+        file.close()
+    except OSError:  # what a failed write left in the buffer: reported already
+        pass
 
 
 _NOT_METRICS = frozenset(('mode', 'epoch', 'iter', 'inner_iter', 'lr', 'time', 'data_time', 'memory'))
