@@ -1,7 +1,6 @@
 """TextLoggerHook: the terminal line and the JSON-lines log of a run."""
 import datetime
 import json
-import logging
 import os
 import shutil
 import time
@@ -92,8 +91,6 @@ class TextLoggerHook(LoggerHook):
         """The line (terminal and ``.log``) and the JSON record of a log event, written and
         flushed now: a crash right after keeps them."""
         logger = self._logger
-        shown = logger.isEnabledFor(logging.INFO)  # below INFO no line is formatted at all
-        eta = count = None
         if record['mode'] == 'train':
             n = self.interval_exp_name
             if n and record['iter'] // n > self._last_iter // n:  # crossed a multiple of n
@@ -101,16 +98,15 @@ class TextLoggerHook(LoggerHook):
             eta = self.eta_seconds(trainer, record)  # now: it keeps the sum of logged times
             count = trainer.epoch_length if self.by_epoch else trainer.max_iters
             self._last_iter = record['iter']
-        if shown:
-            info_line(logger, self._line(record, eta, count))  # a user's handler gets the record now
+            info_line(logger, self._format_train, record, eta, count)  # (formatted only when shown)
+        else:
+            info_line(logger, self._format_val, record)
         self._write_json(record)
 
     def log_profile(self, trainer, record):
         self._write_json(record)
 
-    def _line(self, record, eta, count):
-        if record['mode'] == 'train':
-            return self._format_train(record, eta, count)
+    def _format_val(self, record):
         items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
         where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
         return f'{where}  {items}'
