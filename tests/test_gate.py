@@ -194,3 +194,23 @@ def test_a_finished_dreambooth_run_with_nan_weights_writes_no_pipeline(tmp_path)
     clean.train()
     clean.close()
     assert verify_checksum(str(tmp_path / 'clean' / 'pipeline' / 'tiny_diffusion.safetensors'))
+
+
+def test_a_directory_export_to_a_url_uploads_each_file_with_its_sidecar(tmp_path):
+    import uuid
+    from hookloop.fileio import storage
+    url = f'memory://hookloop-gate-{uuid.uuid4().hex}/pipeline'
+
+    def write(directory):
+        os.makedirs(os.path.join(directory, 'unet'))
+        open(os.path.join(directory, 'unet', 'w.bin'), 'wb').write(b'w')
+
+    try:
+        assert gate.export_directory(url, write, {'w': torch.ones(1)}) == url
+        assert storage.read_bytes(url + '/unet/w.bin') == b'w'
+        assert verify_checksum(url + '/unet/w.bin')
+        with pytest.raises(InvalidLossError):
+            gate.export_directory(url, write, {'w': torch.tensor(math.nan)})
+    finally:
+        filesystem, path = storage.filesystem(url)
+        filesystem.rm(path.rsplit('/', 1)[0], recursive=True)

@@ -4,7 +4,8 @@
 key; a dict with ``_delete_=True`` replaces its base instead; ``{{_base_.name}}`` in a
 ``.py`` file is the base's value of ``name`` (``hookloop/config/refs.py``). ``--cfg-options``
 items (``a.b.c=VALUE``) override values; VALUE is read as a Python literal, or
-kept as a string when it is not one.
+kept as a string when it is not one. A ``.json`` / ``.yaml`` config runs no Python, and every
+load is bounded (``hookloop/config/bounds.py``).
 """
 import ast
 import copy
@@ -13,6 +14,9 @@ import os
 import runpy
 
 from ..errors import ConfigError
+from . import bounds
+
+DATA_EXTENSIONS = ('.json', '.yaml', '.yml')
 
 
 class Config(dict):
@@ -76,8 +80,7 @@ def _read_file(path):
     try:
         if ext == '.py':
             return _top_level(runpy.run_path(path))
-        with open(path, encoding='utf-8') as f:
-            text = f.read()
+        text = bounds.read_text(path)
         if ext in ('.yaml', '.yml'):
             import yaml
             data = yaml.safe_load(text)
@@ -96,7 +99,13 @@ def _read_file(path):
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f'config {path!r} must hold a mapping of names to values, got {type(data).__name__}')
+    bounds.check_expansion(data, path)
     return data
+
+
+def _is_data_file(path):
+    """A ``.json`` / ``.yaml`` config: it may come from elsewhere (a model hub) and runs no code."""
+    return os.path.splitext(path)[1].lower() in DATA_EXTENSIONS
 
 
 def _top_level(names):
@@ -123,33 +132,54 @@ def merge(base, override):
     return result
 
 
-def load_config(path, _seen=()):
-    """The config at ``path`` as a plain dict, with its ``_base_`` files merged in."""
+def load_config(path):
+    """The config at ``path`` as a plain dict, with its ``_base_`` files merged in.
+
+    A ``.py`` config runs (MMCV's rights: its bases may be ``.py``, ``.json`` or ``.yaml``).
+    A ``.json`` / ``.yaml`` config never runs Python: a ``.py`` file among its ``_base_`` files,
+    at any depth, is refused. Every load is bounded (:mod:`hookloop.config.bounds`)."""
     path = os.path.abspath(os.fspath(path))
+    merged = _load(path, (), bounds.LoadBudget(), None)
+    bounds.check_expansion(merged, path, 'the merged config of')
+    return merged
+
+
+def _load(path, chain, budget, data_file):
+    """``path`` merged over its bases; ``chain``: the files that named it, ``data_file``: the
+    first ``.json`` / ``.yaml`` file among them (None when there is none)."""
     if not os.path.isfile(path):
         raise ConfigError(f'config file {path!r} does not exist')
-    if path in _seen:
+    if path in chain:
         raise ConfigError(f'config {path!r} inherits from itself through _base_')
+    if data_file is not None and not _is_data_file(path):
+        raise ConfigError(f'config {data_file!r} names {path!r} as a _base_: a .json/.yaml config may come from '
+                          'elsewhere (a model hub) and never runs Python; only a .py config may inherit from a .py '
+                          'file')
+    budget.take(path, chain + (path,))
+    if data_file is None and _is_data_file(path):
+        data_file = path
     from . import refs as config_refs
     if config_refs.has_references(path):  # {{_base_.name}}: the bases are read first
         text, names = config_refs.substitute(path)
-        merged = _load_bases(path, config_refs.read_bases(path, text), _seen)
+        merged = _load_bases(path, config_refs.read_bases(path, text), chain, budget, data_file)
         data = _top_level(config_refs.run(path, text, names, merged))
         data.pop('_base_', None)
         return merge(merged, data)
     data = _read_file(path)
     if not data:
         raise ConfigError(f'config {path!r} is empty')
-    return merge(_load_bases(path, data.pop('_base_', []), _seen), data)
+    return merge(_load_bases(path, data.pop('_base_', []), chain, budget, data_file), data)
 
 
-def _load_bases(path, bases, seen):
+def _load_bases(path, bases, chain, budget, data_file):
     if isinstance(bases, str):
         bases = [bases]
+    if not isinstance(bases, (list, tuple)) or not all(isinstance(base, str) for base in bases):
+        raise ConfigError(f'config {path!r}: _base_ must be a string or a list of strings')
     merged = {}
     for base in bases:
         base_path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
-        merged = merge(merged, load_config(base_path, seen + (path,)))
+        merged = merge(merged, _load(os.path.abspath(base_path), chain + (path,), budget, data_file))
     return merged
 
 

@@ -73,6 +73,7 @@ class HookList:
         self._defaults = set()  # ids of hooks that stand in for an empty role
         self._table = None
         self.frozen = None
+        self._log_interval = 10  # log_config's interval: the default WorkDirLockHook checks at the log events
 
     @property
     def hooks(self):
@@ -151,6 +152,7 @@ class HookList:
             raise ConfigError(f'log_config must be a dict like dict(interval=10, hooks=[...]), got {log_config!r}')
         log_config = dict(log_config)
         interval = log_config.pop('interval', 10)
+        self._log_interval = interval
         hooks = log_config.pop('hooks', [dict(type='TextLoggerHook')])
         if log_config:
             raise ConfigError(f'log_config got unexpected keys {sorted(log_config)}; use interval and hooks')
@@ -164,7 +166,7 @@ class HookList:
 
     def add_defaults(self, has_optimizer, has_val):
         """Fill the roles the user left empty: optimizer step, timer, text log, evaluation,
-        the non-finite loss guard, and preemption when there is a checkpoint hook."""
+        the non-finite loss guard, preemption when there is a checkpoint hook, the work dir lock check."""
         roles = {role_of(hook) for _, _, hook, _ in self._entries}
         defaults = []
         if 'optimizer' not in roles and has_optimizer:
@@ -179,6 +181,8 @@ class HookList:
             defaults.append(dict(type='FiniteLossGuard'))
         if 'checkpoint' in roles and 'preemption' not in roles:  # SIGTERM / Ctrl-C save by default
             defaults.append(dict(type='PreemptionHook'))
+        if 'work_dir_lock' not in roles:  # a run whose lock was taken away stops at its next log event
+            defaults.append(dict(type='WorkDirLockHook', interval=self._log_interval))
         for cfg in defaults:
             # A default stands in for an empty role until a hook of that role is registered.
             self._defaults.add(id(self.register(cfg)))

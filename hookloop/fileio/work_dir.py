@@ -12,60 +12,81 @@ import os
 from ..errors import ConfigError
 from . import storage
 from .paths import check_can_create_dir, ensure_writable_dir
+from .work_dir_identity import lock_identity, resolve_location
 from .work_dir_lock import WorkDirLock
 
 
 class WorkDir:
     """``WorkDir(work_dir, rank)``: checks that rank 0 can create ``work_dir`` (a path or an
-    fsspec URL; ``file://`` is a local path) and knows where its parts go; creates nothing."""
+    fsspec URL; ``file:``/``local:`` URLs are local paths, protocol aliases one spelling: see
+    :mod:`hookloop.fileio.work_dir_identity`) and knows where its parts go; creates nothing."""
 
     def __init__(self, work_dir, rank=0):
         if not isinstance(work_dir, (str, os.PathLike)):
             raise ConfigError(f'work_dir must be a path, got {work_dir!r}')
         self.rank = rank
-        work_dir = os.fspath(work_dir)
-        if work_dir.startswith('file://'):  # a local directory: one lock, one spelling (its real path)
-            work_dir = work_dir[len('file://'):] or '/'
+        work_dir = resolve_location(work_dir)  # one spelling per place: file:/DIR -> /DIR, s3a:// -> s3://
         if storage.is_url(work_dir):
             # Created when the run starts too (claim); the protocol is checked now.
             storage.check_url(work_dir, 'work_dir')  # s3://b/x/../run is a key of its own, never s3://b/run
-            self.storage_dir, self.local_dir = work_dir.rstrip('/'), storage.local_mirror(work_dir)
+            self.storage_dir = work_dir.rstrip('/')
+            # The lock lives in the local mirror, which is one per store and prefix (work_dir_identity).
+            self.local_dir = storage.local_mirror(lock_identity(self.storage_dir))
             if rank == 0:
-                storage.filesystem(self.storage_dir)  # an unknown protocol fails here, in one line
                 check_can_create_dir(self.local_dir, 'local mirror of work_dir')
         else:
             self.storage_dir = self.local_dir = os.path.abspath(work_dir)
             if rank == 0:  # created when the run starts, so a failed build leaves nothing behind
                 check_can_create_dir(self.local_dir, 'work_dir')
         self._lock = WorkDirLock(self.local_dir)  # the local dir (for a URL run: its local mirror)
+        self._outside = []  # (directory, its lock): outputs named outside the work dir (lock_outside)
 
     @property
     def mirrored(self):
         """True when ``storage_dir`` is a URL and ``local_dir`` its local mirror."""
         return self.storage_dir != self.local_dir
 
+    def lock_outside(self, directories):
+        """Directories outside the work dir this run will write into (an absolute ``out_dir`` a
+        user gave a hook; local paths or URLs): :meth:`claim` creates and locks each as it does
+        the work dir, so two runs never write into one, and :meth:`release` frees them."""
+        held = {}
+        for directory in directories:
+            location = resolve_location(directory, 'output directory')
+            local = storage.local_mirror(lock_identity(location)) if storage.is_url(location) else location
+            held.setdefault(os.path.realpath(local), WorkDirLock(local))  # one lock per place
+        self._outside = list(held.items())
+
     def claim(self):
-        """Rank 0: create the work dir and take its lock for the whole run (one run per dir;
-        a ConfigError naming the holder when another run has it). Other ranks: nothing."""
+        """Rank 0: create the work dir (and the directories of :meth:`lock_outside`) and take
+        their locks for the whole run (one run per dir; a ConfigError naming the holder when
+        another run has one). Other ranks: nothing."""
         if self.rank != 0:
             return
         ensure_writable_dir(self.local_dir, 'local mirror of work_dir' if self.mirrored else 'work_dir')
         self._lock.acquire()
-        if self.mirrored:  # a URL: not locked across machines (see docs/checkpoints.md)
-            try:
+        try:
+            for directory, lock in self._outside:
+                ensure_writable_dir(directory, 'output directory')
+                lock.acquire()
+            if self.mirrored:  # a URL: not locked across machines (see docs/checkpoints.md)
                 storage.makedirs(self.storage_dir)
-            except BaseException:
-                self._lock.release()
-                raise
+        except BaseException:
+            self.release()
+            raise
 
     def release(self):
-        """Release the lock (no effect when it is not held)."""
+        """Release the locks (no effect on those not held)."""
+        for _, lock in self._outside:
+            lock.release()
         self._lock.release()
 
     def check_lock(self):
-        """A ConfigError when the lock file held was deleted or replaced (another run may own
-        the dir now); called before each checkpoint write."""
+        """A ConfigError when a lock file held was deleted or replaced (another run may own
+        the dir now); called before each checkpoint write and by ``WorkDirLockHook`` at every log event."""
         self._lock.check()
+        for _, lock in self._outside:
+            lock.check()
 
     def join(self, path):
         """``path`` (absolute, or relative to ``storage_dir``; a local path or a URL) as written to."""

@@ -10,7 +10,7 @@ spellings of one directory share it), it is opened with ``O_NOFOLLOW`` and must 
 regular file with one link whose content is a hookloop lock line (anything else is refused,
 never truncated). :meth:`WorkDirLock.check` tells whether the file is still the one held
 (deleting or replacing it under a live run lets a second run in): the trainer calls it
-before each checkpoint write.
+before each checkpoint write, and ``WorkDirLockHook`` at every log event.
 """
 import os
 import re
@@ -89,8 +89,8 @@ class WorkDirLock:
             current = None
         if current != self._inode:
             raise ConfigError(f'the work dir lock {self.path!r} was {"deleted" if current is None else "replaced"} '
-                              'while this run held it: another run may be using the work dir; stopping before '
-                              'writing a checkpoint there')
+                              'while this run held it: another run may be using the work dir; this run stops and '
+                              'writes no checkpoint there')
 
     def release(self):
         if self._fd is not None:

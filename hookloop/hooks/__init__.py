@@ -15,9 +15,10 @@ from .preemption import PreemptionHook
 from .progress import ProgressBarHook
 from .timer import IterTimerHook
 from .torch_scheduler import TorchSchedulerHook
+from .work_dir_lock import WorkDirLockHook
 
 __all__ = ['Hook', 'NEVER', 'STAGES', 'CheckpointHook', 'CheckInvalidLossHook', 'EMAHook', 'EvaluationHook', 'FiniteLossGuard',
            'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook', 'IterTimerHook', 'OptimizerHook',
            'OptimizerProcessor', 'PreemptionHook', 'TextLoggerHook', 'LoggerHook', 'TensorboardLoggerHook',
            'MlflowLoggerHook', 'WandbLoggerHook', 'NeptuneLoggerHook', 'DvcliveLoggerHook', 'ProgressBarHook',
-           'TorchSchedulerHook']
+           'TorchSchedulerHook', 'WorkDirLockHook']

@@ -165,10 +165,12 @@ class Hook:
     # -- what the hook writes where ----------------------------------------------------------
     def output_dirs(self, trainer):
         """The directories this hook writes into, ``{kind: path}`` (``kind``: ``'checkpoint'``,
-        ``'log'``, ``'pipeline'``, ...; ``path`` resolved: inside the storage dir for
-        checkpoints, the local work dir otherwise). ``train()`` checks each can be created
-        before anything is written; the run summary and the resume search look for
-        checkpoints in the ``'checkpoint'`` ones. Default: none."""
+        ``'log'``, ``'pipeline'``, ...; ``path``: a user's relative ``out_dir`` joined to the storage
+        dir for checkpoints, the local work dir otherwise; an absolute one as given). ``train()``
+        checks each can be created before anything is written, refuses a relative one that ``..``
+        takes out of the work dir, and logs and locks (like the work dir) one the user named
+        outside it; the run summary and the resume search look for checkpoints in the
+        ``'checkpoint'`` ones. Default: none."""
         return {}
 
     # -- identity ------------------------------------------------------------------------
