@@ -69,11 +69,16 @@ class TextLoggerHook(LoggerHook):
         self._wall_start = time.perf_counter()
 
     def output_dirs(self, trainer):
-        return {'log': os.path.join(trainer.work_dir, os.fspath(self.out_dir))} if self.out_dir is not None else {}
+        return {'log': os.path.abspath(self._copy_dir(trainer))} if self.out_dir is not None else {}
+
+    def _copy_dir(self, trainer):
+        """Where the logs are copied: ``<out_dir>/<basename of work_dir>`` (MMCV's place; a
+        relative ``out_dir`` is taken from the current directory, as MMCV takes it)."""
+        return os.path.join(os.fspath(self.out_dir), os.path.basename(trainer.work_dir))
 
     def open(self, trainer):
         if self.out_dir is not None:
-            check_writable_dir(os.path.join(self.out_dir, os.path.basename(trainer.work_dir)), type(self).__name__)
+            check_writable_dir(self._copy_dir(trainer), type(self).__name__)
         self.json_path = json_log_path(trainer)
         self.exp_name = os.path.basename(trainer.work_dir)
         self._json_file = open(self.json_path, 'ab')
@@ -165,7 +170,7 @@ class TextLoggerHook(LoggerHook):
             self._json_file = None
         if not self.out_dir:
             return
-        target = os.path.join(self.out_dir, os.path.basename(trainer.work_dir))
+        target = self._copy_dir(trainer)
         for handler in trainer.logger.handlers:  # the .log file must be complete before copying
             handler.flush()
         for name in sorted(os.listdir(trainer.work_dir)):
