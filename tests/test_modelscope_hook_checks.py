@@ -125,7 +125,8 @@ def test_the_json_log_holds_modelscopes_records_only(tmp_path):
         records = [json.loads(line) for line in f]
     expected = []
     for epoch, lr in ((1, 0.01), (2, 0.01), (3, 0.001)):  # TextLoggerHook(interval=10) by default; StepLR by epoch
-        expected += [(ModeKeys.TRAIN, epoch, 10, lr), (ModeKeys.TRAIN, epoch, 20, lr), (ModeKeys.EVAL, epoch, 20, None)]
+        # an eval record's iter: the validation's iterations (20 rows, 2 a batch), as ModelScope's text log
+        expected += [(ModeKeys.TRAIN, epoch, 10, lr), (ModeKeys.TRAIN, epoch, 20, lr), (ModeKeys.EVAL, epoch, 10, None)]
     assert [(r[LogKeys.MODE], r[LogKeys.EPOCH], r[LogKeys.ITER], r.get(LogKeys.LR)) for r in records] == expected
     for record in records:
         if record[LogKeys.MODE] == ModeKeys.TRAIN:
