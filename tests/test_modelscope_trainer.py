@@ -295,3 +295,65 @@ def test_invoke_hook_stages_need_before_run(tmp_path):
             trainer.train_step(Dummy(), {'feat': torch.rand(2, 5), 'labels': torch.zeros(2, 1, dtype=torch.long)})
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_the_default_collator_property(seed):
+    """Random rows: ``label`` becomes ``labels`` (int64 for integer labels, float32 otherwise),
+    strings and ``None`` are left out, everything else is stacked as torch's default_collate stacks it."""
+    from torch.utils.data import default_collate
+
+    from hookloop.compat.modelscope_collate import modelscope_collate
+    generator = torch.Generator().manual_seed(seed)
+    batch_size = int(torch.randint(1, 5, (1,), generator=generator))
+    shapes = {f'key{k}': tuple(int(d) for d in torch.randint(1, 4, (int(torch.randint(0, 3, (1,), generator=generator)),),
+                                                             generator=generator))
+              for k in range(int(torch.randint(1, 4, (1,), generator=generator)))}
+    integer = bool(torch.randint(0, 2, (1,), generator=generator))
+    rows = []
+    for index in range(batch_size):
+        row = {key: torch.rand(shape, generator=generator) for key, shape in shapes.items()}
+        row['label'] = torch.tensor([index % 3]) if integer else float(index) / 2
+        row.update(text=f'row {index}', nothing=None)
+        rows.append(row)
+    batch = modelscope_collate(rows)
+    assert set(batch) == set(shapes) | {'labels'}
+    expected = default_collate([{key: row[key] for key in shapes} for row in rows])
+    assert all(torch.equal(batch[key], expected[key]) for key in shapes)
+    assert batch['labels'].dtype == (torch.int64 if integer else torch.float32)
+    assert batch['labels'].reshape(-1).tolist() == [float(r['label'].item() if integer else r['label']) for r in rows]
+
+
+@pytest.mark.parametrize('seed', range(3))
+def test_a_caller_counting_some_steps_and_not_others_ends_where_train_ends(tmp_path, seed):
+    """The position stays the training loop's whatever the caller counts (ModelScope's tests count
+    iterations and epochs in some loops, not in others): weights and counters equal train()'s."""
+    generator = torch.Generator().manual_seed(seed)
+    path = write(tmp_path, {'optimizer': {'type': 'SGD', 'lr': 0.1, 'options': {'cumulative_iters': 2}},
+                            'lr_scheduler': {'type': 'StepLR', 'step_size': 2, 'options': {'by_epoch': False}}})
+    ran = build(path, tmp_path / 'ran', rows=10, max_epochs=3)
+    hand = build(path, tmp_path / 'hand', rows=10, max_epochs=3)
+    try:
+        ran.train()
+        loader = hand._build_dataloader_with_dataset(hand.train_dataset, **hand.cfg.train.dataloader)
+        hand.invoke_hook('before_run')
+        for epoch in range(hand._max_epochs):
+            hand.invoke_hook('before_train_epoch')
+            for inner, batch in enumerate(loader):
+                hand.invoke_hook('before_train_iter')
+                assert (hand.epoch, hand.inner_iter, hand.iter) == (epoch, inner, epoch * 5 + inner)
+                hand.train_step(hand.model, batch)
+                hand.invoke_hook('after_train_iter')
+                if torch.rand(1, generator=generator) < 0.5:
+                    hand._iter += 1
+            hand.invoke_hook('after_train_epoch')
+            if torch.rand(1, generator=generator) < 0.5:
+                hand._epoch += 1
+        hand.invoke_hook('after_run')
+    finally:
+        ran.close()
+        hand.close()
+    assert (hand.epoch, hand.iter, hand.inner_iter) == (ran.epoch, ran.iter, ran.inner_iter) == (3, 15, 0)
+    assert hand.optimizer.param_groups[0]['lr'] == ran.optimizer.param_groups[0]['lr']
+    for key, value in ran.model.state_dict().items():
+        assert torch.equal(hand.model.state_dict()[key], value), key
