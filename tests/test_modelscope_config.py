@@ -61,8 +61,9 @@ def test_configuration_json_trains_from_cli(tmp_path):
     assert any(n.startswith('best_epoch') and '_accuracy' in n for n in names)  # ModelScope's best file name
     logged = records(work_dir)
     train = [r for r in logged if r.get('mode') == 'train']
-    # LinearWarmup over 2 scheduler steps (ratio 0.5) on StepLR(step_size=5, gamma=0.5), by iteration
-    expected = [0.05, 0.075, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025, 0.025]
+    # LinearWarmup over 2 scheduler steps (ratio 0.5) on StepLR(step_size=5, gamma=0.5), by iteration;
+    # ModelScope steps at the end of each iteration, before its logger: iteration i logs the LR after i steps
+    expected = [0.075, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05, 0.05, 0.025, 0.025, 0.025, 0.025, 0.025, 0.0125]
     assert [r['lr'] for r in train] == pytest.approx(expected)
     assert all('grad_norm' in r for r in train)  # options.grad_clip reached the optimizer hook
     val = [r for r in logged if r.get('mode') == 'eval']  # ModelScope's mode name

@@ -219,7 +219,8 @@ def test_modelscope_names_for_best_file_log_keys_and_eval_records(tmp_path):
     logged = records(str(tmp_path / 'work'))
     train = [r for r in logged if r['mode'] == 'train']
     assert train and all('iter_time' in r and 'data_load_time' in r and 'time' not in r for r in train)
-    assert [(r['mode'], r['iter']) for r in logged if r['mode'] != 'train'] == [('eval', 10)]
+    # by epoch, an eval record's iter is the validation's iterations (40 rows, 8 a batch), as ModelScope logs it
+    assert [(r['mode'], r['iter']) for r in logged if r['mode'] != 'train'] == [('eval', 5)]
 
 
 def test_tensorboard_goes_to_tensorboard_output_with_bare_tags(tmp_path):
@@ -237,17 +238,18 @@ def test_tensorboard_goes_to_tensorboard_output_with_bare_tags(tmp_path):
 
 
 def modelscope_lrs(iterations, cumulative_iters, step_size, gamma, lr):
-    """ModelScope's LrSchedulerHook(by_epoch=False): after iteration i it steps the scheduler
-    once i >= cumulative_iters - 1; the LR of iteration i is the one set before it."""
+    """The ``lr`` of ModelScope's log records with LrSchedulerHook(by_epoch=False): after iteration
+    i it steps the scheduler once i >= cumulative_iters - 1, then its logger logs the LR (the one
+    iteration i + 1 trains with)."""
     params = [torch.nn.Parameter(torch.zeros(1))]
     optimizer = torch.optim.SGD(params, lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=step_size, gamma=gamma)
     lrs = []
     for i in range(iterations):
-        lrs.append(optimizer.param_groups[0]['lr'])
         optimizer.step()
         if i >= cumulative_iters - 1:
             scheduler.step()
+        lrs.append(optimizer.param_groups[0]['lr'])
     return lrs
 
 
@@ -301,8 +303,13 @@ def test_the_tasks_default_metric_is_used_without_evaluation_metrics(tmp_path):
     configuration = json.loads(json.dumps(BASE))
     del configuration['evaluation']['metrics']  # text-classification: ModelScope uses seq-cls-metric
     trainer = run(tmp_path, write(tmp_path, configuration, max_epochs=1))
-    expected = plain_accuracy(trainer.model, ms_toy.ToySequenceClassification('val'))
-    assert trainer.metrics == {'accuracy': pytest.approx(expected)}
+    data = ms_toy.ToySequenceClassification('val')
+    with torch.no_grad():
+        predicted = trainer.model.classifier(trainer.model.encoder(data.x)).argmax(-1)
+    hits = ((predicted == 1) & (data.labels == 1)).sum().item()  # two classes: the F1 of class 1
+    binary_f1 = 2 * hits / ((predicted == 1).sum().item() + (data.labels == 1).sum().item())
+    expected = {'accuracy': plain_accuracy(trainer.model, data), 'binary-f1': binary_f1, 'f1': binary_f1}
+    assert trainer.metrics == pytest.approx(expected)
 
 
 def test_resume_continues_the_delayed_schedule_exactly(tmp_path):

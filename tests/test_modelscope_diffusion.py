@@ -112,7 +112,7 @@ def test_configuration_cfg_modify_fn_and_cfg_options_give_length_optimizer_sched
         assert trainer.optimizer.param_groups[0]['lr'] == 5e-6 and type(trainer.optimizer).__name__ == 'AdamW'
         assert trainer.optimizer.param_groups[0]['weight_decay'] == 1e-2  # the file's, kept by the merge
         names = [type(hook).__name__ for hook in trainer.hooks]
-        assert 'TorchSchedulerHook' in names and 'ModelScopeDiffusionCheckpointHook' in names
+        assert 'ModelScopeLrSchedulerHook' in names and 'ModelScopeDiffusionCheckpointHook' in names
         [logger] = [hook for hook in trainer.hooks if type(hook).__name__ == 'ModelScopeTextLoggerHook']
         assert logger.interval == 2
         only_unet = {id(p) for p in trainer.model.unet.parameters()}

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from hookloop import METRICS, build_trainer
+from hookloop import METRICS, ConfigError, build_trainer
 from hookloop.compat.modelscope_api import LogKeys, ModeKeys, Model, ModelFile, TorchModel
 
 
@@ -125,7 +125,8 @@ def test_the_json_log_holds_modelscopes_records_only(tmp_path):
         records = [json.loads(line) for line in f]
     expected = []
     for epoch, lr in ((1, 0.01), (2, 0.01), (3, 0.001)):  # TextLoggerHook(interval=10) by default; StepLR by epoch
-        expected += [(ModeKeys.TRAIN, epoch, 10, lr), (ModeKeys.TRAIN, epoch, 20, lr), (ModeKeys.EVAL, epoch, 20, None)]
+        # an eval record's iter: the validation's iterations (20 rows, 2 a batch), as ModelScope's text log
+        expected += [(ModeKeys.TRAIN, epoch, 10, lr), (ModeKeys.TRAIN, epoch, 20, lr), (ModeKeys.EVAL, epoch, 10, None)]
     assert [(r[LogKeys.MODE], r[LogKeys.EPOCH], r[LogKeys.ITER], r.get(LogKeys.LR)) for r in records] == expected
     for record in records:
         if record[LogKeys.MODE] == ModeKeys.TRAIN:
@@ -168,3 +169,102 @@ def test_an_output_dir_outside_the_work_dir(tmp_path):
     assert {ModelFile.CONFIGURATION, ModelFile.TORCH_MODEL_BIN_FILE} <= set(os.listdir(elsewhere))
     [log] = [n for n in os.listdir(trainer.work_dir) if n.endswith('.log')]
     assert f'writes its output outside the work dir, to {elsewhere}' in open(os.path.join(trainer.work_dir, log)).read()
+
+
+class Separable(Dataset):
+    """Rows a linear model can learn: ``labels`` is the arg-max of the first 4 features."""
+
+    def __init__(self, num, seed=0):
+        generator = torch.Generator().manual_seed(seed)
+        self.feat = torch.rand(num, 5, generator=generator)
+        self.labels = self.feat[:, :4].argmax(-1, keepdim=True)
+
+    def __len__(self):
+        return len(self.feat)
+
+    def __getitem__(self, index):
+        return {'feat': self.feat[index], 'labels': self.labels[index]}
+
+
+# ModelScope's configs/cv/configuration.json: its train and evaluation sections as stored (its preprocessor,
+# model and datasets are ModelScope's image pipeline: the model and rows come as objects here)
+CV_CONFIGURATION = {
+    'framework': 'pytorch', 'task': 'image_classification', 'pipeline': {'type': 'dummy'},
+    'train': {'work_dir': './work_dir', 'dataloader': {'batch_size_per_gpu': 2, 'workers_per_gpu': 1},
+              'optimizer': {'type': 'SGD', 'lr': 0.01, 'options': {'grad_clip': {'max_norm': 2.0}}},
+              'lr_scheduler': {'type': 'StepLR', 'step_size': 2,
+                               'options': {'warmup': {'type': 'LinearWarmup', 'warmup_iters': 2}}},
+              'hooks': [{'type': 'CheckpointHook', 'interval': 2}, {'type': 'TextLoggerHook', 'interval': 1},
+                        {'type': 'IterTimerHook'}, {'type': 'EvaluationHook', 'interval': 1}]},
+    'evaluation': {'dataloader': {'batch_size_per_gpu': 2, 'workers_per_gpu': 1, 'shuffle': False},
+                   'metrics': ['accuracy', 'precision', 'recall']}}
+# ModelScope's tests/trainers/test_trainer.py configuration (test_train_with_default_config)
+TRAINER_TEST_CONFIGURATION = {
+    'train': {'work_dir': './work_dir', 'dataloader': {'batch_size_per_gpu': 2, 'workers_per_gpu': 1},
+              'hooks': [{'type': 'EvaluationHook', 'interval': 1}]},
+    'evaluation': {'dataloader': {'batch_size_per_gpu': 2, 'workers_per_gpu': 1, 'shuffle': False},
+                   'metrics': ['seq-cls-metric']}}
+
+
+def sklearn_scores(trainer, data):
+    metrics = pytest.importorskip('sklearn.metrics')
+    trainer.model.eval()
+    with torch.no_grad():
+        predicted = trainer.model(data.feat, data.labels)['logits'].argmax(-1).numpy()
+    truth = data.labels.reshape(-1).numpy()
+    return {'accuracy': metrics.accuracy_score(truth, predicted),
+            'precision': metrics.precision_score(truth, predicted, average='macro', zero_division=0),
+            'recall': metrics.recall_score(truth, predicted, average='macro', zero_division=0),
+            'micro-f1': metrics.f1_score(truth, predicted, average='micro'),
+            'macro-f1': metrics.f1_score(truth, predicted, average='macro')}
+
+
+@pytest.mark.parametrize('configuration, names', [
+    (CV_CONFIGURATION, ('accuracy', 'precision', 'recall')),
+    (TRAINER_TEST_CONFIGURATION, ('accuracy', 'micro-f1', 'macro-f1'))], ids=['configs/cv', 'test_trainer'])
+def test_modelscopes_configurations_log_validation_records_with_their_metrics(tmp_path, configuration, names):
+    path = tmp_path / ModelFile.CONFIGURATION
+    path.write_text(json.dumps(configuration))
+    model = Dummy()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    given = {} if 'optimizer' in configuration['train'] else {'optimizers': (optimizer, None)}
+    trainer = run(str(path), model=model, train_dataset=Separable(40), eval_dataset=Separable(20, seed=1),
+                  max_epochs=2, work_dir=str(tmp_path / 'work'), **given)
+    with open(os.path.join(trainer.work_dir, f'{trainer.timestamp}.log.json')) as f:
+        records = [json.loads(line) for line in f]
+    evaluations = [r for r in records if r[LogKeys.MODE] == ModeKeys.EVAL]
+    assert [(r[LogKeys.EPOCH], r[LogKeys.ITER]) for r in evaluations] == [(1, 10), (2, 10)]  # 20 rows, 2 a batch
+    expected = sklearn_scores(trainer, Separable(20, seed=1))  # the last evaluation saw the final model
+    assert {name: evaluations[-1][name] for name in names} == pytest.approx({name: expected[name] for name in names})
+    if 'micro-f1' in names:
+        assert evaluations[-1]['f1'] == evaluations[-1]['micro-f1']  # four classes: ModelScope's f1 is the micro one
+
+
+def test_old_and_new_style_sections_are_read_as_modelscope_reads_them(tmp_path):
+    """A hook in ``train.hooks`` and its current section: the section's values win, the hook's
+    fill what the section leaves out (ModelScope moves train.hooks entries into the sections
+    without overwriting); ``merge_hooks`` refuses a hook given both ways, as ModelScope's does."""
+    from hookloop.compat.modelscope_api import merge_hooks
+    train = {'hooks': [{'type': 'CheckpointHook', 'interval': 1, 'max_checkpoint_num': 1},
+                       {'type': 'TextLoggerHook', 'interval': 1}],
+             'checkpoint': {'period': {'interval': 2}}, 'logging': {'interval': 5}}
+    trainer = run(configuration(tmp_path, train=train), model=Dummy(), train_dataset=Rows(20), max_epochs=4)
+    assert sorted(n for n in os.listdir(trainer.work_dir) if n.endswith('.pth')) == ['epoch_4.pth']
+    with open(os.path.join(trainer.work_dir, f'{trainer.timestamp}.log.json')) as f:
+        assert [json.loads(line)[LogKeys.ITER] for line in f][:2] == [5, 10]
+    cfg = json.loads((tmp_path / ModelFile.CONFIGURATION).read_text())
+    with pytest.raises(ConfigError, match='train.logging and a TextLoggerHook in train.hooks cannot both be given'):
+        merge_hooks(cfg)
+    cfg['train']['hooks'] = [{'type': 'IterTimerHook'}]
+    assert merge_hooks(cfg) == [{'type': 'IterTimerHook'}, {'type': 'TextLoggerHook', 'interval': 5},
+                                {'type': 'CheckpointHook', 'interval': 2}]
+
+
+def test_a_rerun_into_a_work_dir_with_checkpoints_says_so_in_its_log(tmp_path):
+    path = configuration(tmp_path, train={'hooks': [{'type': 'CheckpointHook', 'interval': 1}]})
+    first = run(path, model=Dummy(), train_dataset=Rows(4), max_epochs=1)
+    again = run(path, model=Dummy(), train_dataset=Rows(4), max_epochs=1)
+    log = open(os.path.join(again.work_dir, f'{again.timestamp}.log')).read()
+    note = log.index("holds 1 checkpoint(s) (e.g. epoch_1.pth): this run starts from iteration 0; pass resume_from='auto'")
+    assert note < log.rindex('hookloop run: seed 42')  # logged before the run starts, written into its .log
+    assert first.work_dir == again.work_dir

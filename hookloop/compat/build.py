@@ -10,6 +10,8 @@ from ..errors import ConfigError
 from ..registry import TRAINERS, closest_names
 from . import modelscope
 from .mmcv.trainer import MMCVTrainer
+from .modelscope_dummy import DummyTrainer  # noqa: F401  (registers ModelScope's 'dummy' trainer)
+from .modelscope_trainer import ModelScopeTrainer
 from .mmcv_config import is_mmcv_config, is_mmcv_run, trainer_arguments, translate
 
 
@@ -22,7 +24,9 @@ def build_trainer(name='default', default_args=None):
     ``fp16``, ..., :mod:`hookloop.compat.mmcv_config`); helper names are listed in one info line
     at start, likely typos are errors. An MMCV 1.x config (one with ``runner``, ``data``,
     ``workflow``...) builds an :class:`~hookloop.compat.mmcv.trainer.MMCVTrainer`: the model in
-    ``MMDataParallel`` and MMCV's runner methods, for the hooks its repository ships.
+    ``MMDataParallel`` and MMCV's runner methods, for the hooks its repository ships; a
+    ModelScope configuration a :class:`~hookloop.compat.modelscope_trainer.ModelScopeTrainer`:
+    ModelScope's ``EpochBasedTrainer`` names.
     """
     args = dict(default_args or {})
     target = TRAINERS.get(name) if isinstance(name, str) else name
@@ -33,10 +37,12 @@ def build_trainer(name='default', default_args=None):
         if getattr(target, 'strict_arguments', False):  # dreambooth_diffusion: no helper variables
             refuse_unknown_arguments(args, target, name if isinstance(name, str) else target.__name__)
         elif 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
-            args = modelscope.trainer_args(args)
+            args = modelscope.use_default_collator(modelscope.trainer_args(args, keep_configuration=True))
+            target = ModelScopeTrainer if target is Trainer else target
         elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
             # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
-            args = modelscope.translate(args)
+            args = modelscope.use_default_collator(modelscope.translate(args))
+            target = ModelScopeTrainer if target is Trainer else target
         elif target is Trainer and is_mmcv_run(args):  # an MMCV 1.x config: hooks get MMCV's runner API
             target = MMCVTrainer
         args, notes = translate(args, target)

@@ -16,11 +16,12 @@ import copy
 from collections.abc import Mapping
 
 from ..errors import ConfigError
+from .modelscope_collate import modelscope_collate
 from .modelscope_config import load_configuration
 from .modelscope_train import checkpoint_args, evaluation_hook, follow_work_dir, logger_hook, merged_hooks
 
 # What the CLI and build_trainer use; users reach it through them (docs/api.md).
-__all__ = ['looks_like_modelscope', 'translate', 'trainer_args']
+__all__ = ['looks_like_modelscope', 'translate', 'trainer_args', 'use_default_collator']
 
 MODELSCOPE_SEED = 42  # ModelScope's default seed (EpochBasedTrainer's seed=42)
 _SECTIONS = ('framework', 'task', 'pipeline', 'preprocessor', 'model', 'dataset', 'train', 'evaluation')
@@ -99,7 +100,7 @@ def _loader_options(section, what, problems):
     return options
 
 
-def _is_stream(dataset):
+def is_stream(dataset):
     """An IterableDataset (object, class or registered type): ModelScope does not shuffle it."""
     from torch.utils.data import IterableDataset
 
@@ -113,7 +114,7 @@ def _is_stream(dataset):
 
 
 def _train_section(train, hooks, out, problems, configuration):
-    from . import modelscope_hooks  # noqa: F401  (registers the ModelScope-named hooks)
+    from . import modelscope_hooks, modelscope_lr_hooks  # noqa: F401  (register the ModelScope-named hooks)
     for key in ('work_dir', 'max_epochs', 'max_iters'):
         if key in train:
             out[key] = train.pop(key)
@@ -123,7 +124,7 @@ def _train_section(train, hooks, out, problems, configuration):
     options = _loader_options(train.pop('dataloader', None), 'train.dataloader', problems)
     if 'train_dataloader' in out:
         loader = {**options, **out['train_dataloader']}
-        loader.setdefault('shuffle', not _is_stream(loader['dataset']))
+        loader.setdefault('shuffle', not is_stream(loader['dataset']))
         out['train_dataloader'] = loader
     optimizer_config = {}
     optimizer = train.pop('optimizer', None)
@@ -135,7 +136,7 @@ def _train_section(train, hooks, out, problems, configuration):
     extra = [dict(h, type=h.get('type', default)) for h, default in
              ((train.pop('optimizer_hook', None), 'OptimizerHook'), (train.pop('lr_scheduler_hook', None),
                                                                      'LrSchedulerHook')) if h]
-    lr_hook = {}
+    lr_hook, plateau = {}, {}
     log_hooks, custom_hooks, evaluation = [], [], None
     for hook in hooks + extra:
         hook = dict(hook)
@@ -150,6 +151,12 @@ def _train_section(train, hooks, out, problems, configuration):
             evaluation = evaluation_hook(hook)
         elif kind == 'LrSchedulerHook':
             lr_hook.update(hook)
+        elif kind == 'PlateauLrSchedulerHook':  # ReduceLROnPlateau stepped with a validation metric
+            plateau['metric_key'] = hook.pop('metric_key', None)
+            if hook:
+                problems.append(f'PlateauLrSchedulerHook got arguments hookloop does not know: {sorted(hook)}')
+        elif kind == 'NoneLrSchedulerHook':  # ModelScope's hook that never steps the scheduler
+            plateau['none'] = True
         elif kind == 'DDPHook':  # hookloop joins torchrun itself: the hook's launcher is the Trainer's
             out['launcher'] = hook.pop('launcher', 'pytorch')
         elif kind == 'LoadCheckpointHook':  # load_all_state: continue the run; else weights only
@@ -164,13 +171,14 @@ def _train_section(train, hooks, out, problems, configuration):
         else:  # a hook registered in hookloop's HOOKS (the registry names the closest ones otherwise)
             custom_hooks.append(dict(type=kind, **hook))
     checkpoint = checkpoint_args(hooks, problems)
-    if scheduler is not None:
+    if scheduler is not None and not plateau.get('none'):
         try:
-            out['lr_config'] = _lr_config(dict(scheduler), lr_hook, optimizer_config.get('cumulative_iters', 1))
+            custom_hooks.insert(0, _lr_config(dict(scheduler), lr_hook, optimizer_config.get('cumulative_iters', 1),
+                                              plateau.get('metric_key')))
         except ConfigError as exc:
             problems.append(str(exc))
-    elif lr_hook:
-        out['_lr_hook'] = lr_hook  # options for build_trainer(optimizers=(opt, scheduler))
+    elif lr_hook or plateau:
+        out['_lr_hook'] = dict(lr_hook, **plateau)  # options for build_trainer(optimizers=(opt, scheduler))
     out['_cumulative_iters'] = optimizer_config.get('cumulative_iters', 1)
     if optimizer_config:
         out['optimizer_config'] = optimizer_config
@@ -185,10 +193,14 @@ def _train_section(train, hooks, out, problems, configuration):
         problems.append(f'train got keys hookloop does not know: {sorted(train)}')
 
 
-def _lr_config(scheduler, lr_hook, cumulative_iters=1):
-    """TorchSchedulerHook config: ``options`` (``warmup``, ``by_epoch``) and the hook's own
-    ``by_epoch`` / ``warmup``; stepped per iteration, the first ``cumulative_iters - 1``
-    steps are left out as ModelScope's LrSchedulerHook does."""
+def _lr_config(scheduler, lr_hook, cumulative_iters=1, metric_key=None):
+    """The LR hook of a ModelScope run (:mod:`.modelscope_lr_hooks`), stepped where ModelScope's
+    hooks step: ``ModelScopeLrSchedulerHook`` with ``options`` (``warmup``, ``by_epoch``) and the
+    LrSchedulerHook's own ``by_epoch`` / ``warmup`` (stepped per iteration, the first
+    ``cumulative_iters - 1`` steps are left out, as ModelScope's LrSchedulerHook does); a
+    ``ReduceLROnPlateau`` with the ``metric_key`` of ``PlateauLrSchedulerHook``:
+    ``ModelScopePlateauLrSchedulerHook``. ``scheduler``: the ``lr_scheduler`` section, or
+    ``{'_built': scheduler}`` for one given to ``build_trainer(optimizers=...)``."""
     import torch
 
     from .modelscope_warmup import AccumulationDelay, WarmupScheduler
@@ -206,9 +218,24 @@ def _lr_config(scheduler, lr_hook, cumulative_iters=1):
         if not (isinstance(kind, type) and issubclass(kind, torch.optim.lr_scheduler.LRScheduler)):
             raise ConfigError(f'lr_scheduler type must name a torch scheduler, got {scheduler.get("type")!r}')
         scheduler.pop('type')
+    plateau = isinstance(built, torch.optim.lr_scheduler.ReduceLROnPlateau) or \
+        (built is None and issubclass(kind, torch.optim.lr_scheduler.ReduceLROnPlateau))
+    if plateau:
+        if metric_key is None:
+            raise ConfigError("lr_scheduler ReduceLROnPlateau needs train.lr_scheduler_hook = {'type': "
+                              "'PlateauLrSchedulerHook', 'metric_key': <a validation metric>}")
+        if warmup is not None or not by_epoch:
+            raise ConfigError('lr_scheduler ReduceLROnPlateau steps after each evaluation: by_epoch=False and '
+                              'warmup are not supported with it')
+        return dict(type='ModelScopePlateauLrSchedulerHook', scheduler=built if built is not None else scheduler,
+                    metric_key=metric_key)
+    if metric_key is not None:
+        raise ConfigError('PlateauLrSchedulerHook needs lr_scheduler ReduceLROnPlateau (it steps the scheduler '
+                          'with a metric)')
     delay = 1 if by_epoch else cumulative_iters
     if warmup is None and delay == 1 and built is None:
-        return dict(type='TorchSchedulerHook', scheduler=dict(type=kind.__name__, **scheduler), by_epoch=by_epoch)
+        return dict(type='ModelScopeLrSchedulerHook', scheduler=dict(type=kind.__name__, **scheduler),
+                    by_epoch=by_epoch)
     warmup = dict(warmup) if warmup is not None else None
 
     def build(optimizer):
@@ -216,7 +243,7 @@ def _lr_config(scheduler, lr_hook, cumulative_iters=1):
         if warmup is not None:
             result = WarmupScheduler(result, **warmup)
         return AccumulationDelay(result, delay) if delay > 1 else result
-    return dict(type='TorchSchedulerHook', by_epoch=by_epoch, scheduler=build)
+    return dict(type='ModelScopeLrSchedulerHook', by_epoch=by_epoch, scheduler=build)
 
 
 def _evaluation_section(evaluation, out, problems, task=None):
@@ -269,14 +296,15 @@ class MetricList:
 _MS_ARGUMENTS = ('use_fp16', 'train_iters_per_epoch', 'val_iters_per_epoch')
 
 
-def trainer_args(default_args, cfg=None):
+def trainer_args(default_args, cfg=None, keep_configuration=False):
     """ModelScope's ``build_trainer`` arguments (``cfg_file``, ``cfg_modify_fn``, ``cfg_options``,
     ``model``, ``train_dataset``, ``eval_dataset``, ``data_collator``, ``optimizers``,
     ``callbacks``, ``work_dir``, ``seed``, ``max_epochs``, ``use_fp16``,
     ``train_iters_per_epoch``, ``val_iters_per_epoch``, ...) as Trainer arguments. Datasets
     passed in take the file's ``train.dataloader`` / ``evaluation.dataloader`` options.
     ``cfg``: the configuration already loaded (:func:`~.modelscope_config.load_configuration`)
-    instead of ``cfg_file``."""
+    instead of ``cfg_file``. ``keep_configuration``: the trainer's ``cfg`` is the configuration
+    (as ``cfg_modify_fn`` left it; ModelScope's ``trainer.cfg``)."""
     args = dict(default_args)
     if cfg is None:
         cfg = load_configuration(args.pop('cfg_file'), args.pop('cfg_modify_fn', None),
@@ -311,7 +339,8 @@ def trainer_args(default_args, cfg=None):
         cfg.setdefault('evaluation', {})['val_iters_per_epoch'] = given['val_iters_per_epoch']
     extras = {}
     kwargs = translate(cfg, configuration, extras)
-    lr_hook, cumulative_iters = extras['_lr_hook'] or {}, extras['_cumulative_iters'] or 1
+    lr_hook, cumulative_iters = dict(extras['_lr_hook'] or {}), extras['_cumulative_iters'] or 1
+    metric_key, no_steps = lr_hook.pop('metric_key', None), lr_hook.pop('none', False)
     if given.get('use_fp16'):  # ModelScope registers TorchAMPOptimizerHook
         kwargs['optimizer_config'] = {**kwargs.get('optimizer_config', {}), 'precision': 'fp16'}
     collator = args.pop('data_collator', None)
@@ -323,8 +352,12 @@ def trainer_args(default_args, cfg=None):
     optimizers = args.pop('optimizers', None)
     if optimizers is not None and optimizers[0] is not None:
         kwargs['optimizer'] = optimizers[0]
-        if len(optimizers) > 1 and optimizers[1] is not None:
-            kwargs['lr_config'] = _lr_config({'_built': optimizers[1]}, lr_hook, cumulative_iters)
+        if len(optimizers) > 1 and optimizers[1] is not None and not no_steps:  # it replaces the file's scheduler
+            hooks = [h for h in kwargs.get('custom_hooks', []) if not (isinstance(h, Mapping) and h.get('type') in
+                                                                        ('ModelScopeLrSchedulerHook',
+                                                                         'ModelScopePlateauLrSchedulerHook'))]
+            kwargs['custom_hooks'] = [_lr_config({'_built': optimizers[1]}, lr_hook, cumulative_iters,
+                                                 metric_key)] + hooks
     callbacks = args.pop('callbacks', None)
     if callbacks:
         callbacks = [callbacks] if callable(callbacks) and not isinstance(callbacks, (list, tuple)) else callbacks
@@ -338,7 +371,19 @@ def trainer_args(default_args, cfg=None):
         raise ConfigError('ModelScope build_trainer argument remove_unused_data=True is not supported '
                           "(give the model's forward a **kwargs or drop the keys in data_collator)")
     _refuse_unknown(args)
+    if keep_configuration:
+        kwargs.setdefault('cfg', configuration)
     kwargs.update(args)
+    return kwargs
+
+
+def use_default_collator(kwargs):
+    """The loaders of ``kwargs`` (Trainer arguments) batch with ModelScope's default data
+    collator (:mod:`.modelscope_collate`) unless a ``data_collator`` was given, as
+    ``EpochBasedTrainer``'s do."""
+    for target in ('train_dataloader', 'val_dataloader'):
+        if isinstance(kwargs.get(target), Mapping):
+            kwargs[target] = {'collate_fn': modelscope_collate, **kwargs[target]}
     return kwargs
 
 

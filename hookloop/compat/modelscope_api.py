@@ -1,11 +1,14 @@
-"""The names ModelScope training code imports, in one module: point ``modelscope.trainers``,
+"""The names ModelScope training code imports, in one module: point ``modelscope.trainers``
+(and its ``trainer``, ``builder``, ``base``, ``default_config``, ``training_args``),
 ``modelscope.metainfo``, ``modelscope.msdatasets``, ``modelscope.pipelines``,
-``modelscope.trainers.training_args`` and ``modelscope.utils.constant`` at it and ModelScope's
-DreamBooth and LoRA examples run on hookloop (docs/migration.md, "ModelScope scripts").
+``modelscope.metrics.builder``, ``modelscope.models.base``, ``modelscope.utils.constant`` and
+``modelscope.utils.registry`` at it and ModelScope's DreamBooth and LoRA examples and its trainer
+and hook tests run on hookloop (docs/migration.md, "ModelScope scripts").
 
 The constants are ModelScope's values; the behaviour is hookloop's: :func:`build_trainer`
-(ModelScope's ``'dreambooth-diffusion'``, ``'lora-diffusion'`` and ``'trainer'`` with a
-``cfg_file``), :class:`MsDataset` (local dataset directories), :func:`pipeline` (local
+(ModelScope's ``'dreambooth-diffusion'``, ``'lora-diffusion'``, ``'dummy'`` and ``'trainer'``
+with a ``cfg_file``), ``EpochBasedTrainer`` (:class:`~hookloop.compat.modelscope_trainer.ModelScopeTrainer`),
+:class:`MsDataset` (local dataset directories), :func:`pipeline` (local
 text-to-image model directories) and :class:`TrainingArgs`.
 """
 import torch
@@ -13,9 +16,12 @@ import torch
 from .build import build_trainer
 from .modelscope_args import TrainingArgs
 from .modelscope_dataset import MsDataset
+from .modelscope_dummy import DummyTrainer
 from .modelscope_pipeline import pipeline
-from ..engine.trainer import Trainer as EpochBasedTrainer
+from .modelscope_train import merge_hooks
+from .modelscope_trainer import ModelScopeTrainer as EpochBasedTrainer
 from ..registry import METRICS as _METRICS
+from ..registry import TRAINERS as _TRAINERS
 
 default_group = 'default'  # ``modelscope.utils.registry.default_group``: hookloop's registries have no groups
 
@@ -51,6 +57,7 @@ class ModelScopeRegistry:
 
 
 METRICS = ModelScopeRegistry(_METRICS)  # ``modelscope.metrics.builder.METRICS``
+TRAINERS = ModelScopeRegistry(_TRAINERS)  # ``modelscope.trainers.builder.TRAINERS``
 
 
 class Trainers:
@@ -117,6 +124,9 @@ class MetricKeys:
     PRECISION = 'precision'
     RECALL = 'recall'
     F1 = 'f1'
+    Binary_F1 = 'binary-f1'
+    Macro_F1 = 'macro-f1'
+    Micro_F1 = 'micro-f1'
     LOSS = 'loss'
 
 
@@ -141,6 +151,6 @@ class OutputKeys:
     OUTPUT_IMGS = 'output_imgs'
 
 
-__all__ = ['build_trainer', 'EpochBasedTrainer', 'TrainingArgs', 'MsDataset', 'pipeline', 'Model', 'TorchModel',
-           'METRICS', 'default_group', 'Trainers', 'Tasks', 'DownloadMode', 'ModelFile', 'LogKeys', 'ModeKeys',
+__all__ = ['build_trainer', 'EpochBasedTrainer', 'DummyTrainer', 'TrainingArgs', 'MsDataset', 'pipeline', 'Model',
+           'TorchModel', 'METRICS', 'TRAINERS', 'merge_hooks', 'default_group', 'Trainers', 'Tasks', 'DownloadMode', 'ModelFile', 'LogKeys', 'ModeKeys',
            'Metrics', 'MetricKeys', 'TrainerStages', 'OutputKeys']

@@ -30,7 +30,6 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checkpoint.resume_search import checkpoints_in
 from ..data.resumable import mix_seed, seed_everything
 from ..errors import ConfigError
 from ..fileio import storage
@@ -39,6 +38,7 @@ from ..engine.trainer import Trainer
 from .modelscope import MODELSCOPE_SEED, trainer_args
 from .modelscope_config import load_configuration
 from .modelscope_hooks import CONFIGURATION, EVAL_RESULT_FILE, ModelScopeCheckpointHook
+from .modelscope_trainer import note_existing_checkpoints
 
 CONFIGURATION_PIPELINE = 'diffusers-stable-diffusion'  # what ModelScope's pipeline() builds for output/
 _EVALUATION_STREAM = 1_000_003  # mixed with the seed: evaluation's noise, apart from training's
@@ -277,11 +277,7 @@ class ModelScopeDiffusionTrainer(Trainer):
 
     def note_existing_checkpoints(self):
         """A new run in a work dir that holds checkpoints says so (they would be overwritten)."""
-        found = checkpoints_in([self.storage_dir] + self.checkpointer.checkpoint_dirs())
-        if found:
-            self.logger.warning('%s holds %d checkpoint(s) (e.g. %s): this run starts from iteration 0; pass '
-                                "resume_from='auto' (or train(checkpoint_path=...)) to continue the run they "
-                                'belong to', self.storage_dir, len(found), os.path.basename(sorted(found)[-1]))
+        note_existing_checkpoints(self)
 
 
 @TRAINERS.register_module(module_name=['dreambooth-diffusion', 'ModelScopeDreamBoothTrainer'])

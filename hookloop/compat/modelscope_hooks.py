@@ -40,12 +40,17 @@ MODEL_FILE = 'pytorch_model.bin'
 EVAL_RESULT_FILE = 'eval_result.txt'
 
 
-def modelscope_record(record, iters_per_epoch=None):
+def modelscope_record(record, iters_per_epoch=None, val_iters=None):
     """A log record with ModelScope's names. With ``iters_per_epoch`` (a by-epoch log) ``iter``
-    counts within the epoch, as ModelScope's text log does."""
+    counts within the epoch, as ModelScope's text log does; a validation record's ``iter`` is then
+    ``val_iters``, the validation's iterations (ModelScope's ``epoch(eval) [4][1000]``, 1000 being
+    the length of the val loader)."""
     named = {RECORD_KEYS.get(k, k): v for k, v in record.items()}
     if named.get('mode') == 'val':
         named['mode'] = 'eval'
+        if iters_per_epoch and val_iters is not None:
+            named['iter'] = val_iters
+            return named
     if iters_per_epoch:
         inner = named.pop('inner_iter', None)
         named['iter'] = inner if inner is not None else named['iter'] - (named['epoch'] - 1) * iters_per_epoch
@@ -206,18 +211,20 @@ class ModelScopeCheckpointHook(CheckpointHook):
 @HOOKS.register_module()
 class ModelScopeTextLoggerHook(TextLoggerHook):
     """``TextLoggerHook`` whose JSON-lines log uses ModelScope's keys, ``'eval'`` mode and, by
-    epoch, ``iter`` counted within the epoch."""
+    epoch, ``iter`` counted within the epoch (a validation record's: the validation's iterations,
+    ``trainer.val_iter``)."""
 
-    _iters_per_epoch = None
+    _iters_per_epoch = _val_iters = None
 
     def log(self, trainer, record):
         self._iters_per_epoch = trainer.iters_per_epoch if self.by_epoch else None
+        self._val_iters = trainer.val_iter
         super().log(trainer, record)
 
     def _write_json(self, record):
         if 'mode' not in record:
             return  # hookloop's first line (seed, work dir): ModelScope's log has records only
-        super()._write_json(modelscope_record(record, self._iters_per_epoch))
+        super()._write_json(modelscope_record(record, self._iters_per_epoch, self._val_iters))
 
 
 @HOOKS.register_module()

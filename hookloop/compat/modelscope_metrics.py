@@ -10,7 +10,9 @@ their own, with ModelScope's result keys and scales (fractions, not percent):
   arg-max of ``outputs['logits']``) against ``inputs['labels']`` (or ``'label'``) ->
   ``{'accuracy': fraction}``;
 * ``seq-cls-metric``: arg-max of ``outputs['logits']`` against ``inputs['labels']`` ->
-  ``{'accuracy': fraction}``;
+  ``{'accuracy': fraction, 'f1': ...}`` and, with more than two classes (the logits' last
+  dimension), ``micro-f1`` and ``macro-f1`` (``f1`` is the micro one), else ``binary-f1`` (the
+  F1 of class 1; ``f1`` is it), as ModelScope's ``SequenceClassificationMetric``;
 * ``precision``, ``recall``, ``f1``: macro averages over the classes seen, from the logits'
   arg-max -> ``{'precision': ...}`` / ``{'recall': ...}`` / ``{'f1': ...}``;
 * ``loss-metric``: the mean of ``outputs['loss']`` over batches -> ``{'loss': ...}``.
@@ -65,15 +67,14 @@ class _Counts:
 
 
 class LabelAccuracy(_Counts):
-    """``accuracy`` (``seq-cls-metric`` with ``from_logits``) as a fraction."""
+    """``accuracy`` as a fraction."""
 
-    def __init__(self, from_logits=False):
-        self.from_logits = from_logits
+    def __init__(self):
         self.reset()
 
     def update(self, outputs, batch):
         target = _targets(batch)
-        if self.from_logits or not (isinstance(outputs, Mapping) and ('labels' in outputs or 'label' in outputs)):
+        if not (isinstance(outputs, Mapping) and ('labels' in outputs or 'label' in outputs)):
             predicted = _argmax(outputs)
         else:
             predicted = _pick(outputs, ('labels', 'label'), 'predicted labels')
@@ -86,7 +87,39 @@ class LabelAccuracy(_Counts):
         return {'accuracy': correct / total if total else float('nan')}
 
 
-class MacroScore:
+def _class_scores(predicted, target, c):
+    """``{'precision', 'recall', 'f1'}`` of class ``c`` (0 where undefined, as scikit-learn)."""
+    tp = ((predicted == c) & (target == c)).sum().item()
+    fp = ((predicted == c) & (target != c)).sum().item()
+    fn = ((predicted != c) & (target == c)).sum().item()
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {'precision': precision, 'recall': recall, 'f1': f1}
+
+
+class _PredictionsAndTargets:
+    """The arg-max predictions and the targets of every batch, gathered over ranks at ``compute``."""
+
+    def reset(self):
+        self.predicted, self.target, self.num_classes = [], [], None
+
+    def update(self, outputs, batch):
+        logits = outputs if isinstance(outputs, torch.Tensor) else _pick(outputs, ('logits',), 'logits')
+        self.num_classes = logits.shape[-1]
+        self.predicted.append(logits.argmax(dim=-1).reshape(-1).detach())
+        self.target.append(torch.as_tensor(_targets(batch)).reshape(-1).detach())
+
+    def _gathered(self):
+        from ..dist.process_group import all_gather_objects
+        predicted = torch.cat(self.predicted).cpu() if self.predicted else torch.zeros(0, dtype=torch.long)
+        target = torch.cat(self.target).cpu() if self.target else torch.zeros(0, dtype=torch.long)
+        pairs = all_gather_objects((predicted.tolist(), target.tolist()))
+        return (torch.tensor([p for part, _ in pairs for p in part], dtype=torch.long),
+                torch.tensor([t for _, part in pairs for t in part], dtype=torch.long))
+
+
+class MacroScore(_PredictionsAndTargets):
     """Macro precision / recall / F1 over the classes seen in targets or predictions."""
 
     def __init__(self, name):
@@ -95,33 +128,33 @@ class MacroScore:
         self.name = name
         self.reset()
 
-    def reset(self):
-        self.predicted, self.target = [], []
-
-    def update(self, outputs, batch):
-        self.predicted.append(_argmax(outputs).reshape(-1).detach())
-        self.target.append(torch.as_tensor(_targets(batch)).reshape(-1).detach())
-
     def compute(self):
-        from ..dist.process_group import all_gather_objects
-        predicted = torch.cat(self.predicted).cpu() if self.predicted else torch.zeros(0, dtype=torch.long)
-        target = torch.cat(self.target).cpu() if self.target else torch.zeros(0, dtype=torch.long)
-        pairs = all_gather_objects((predicted.tolist(), target.tolist()))
-        predicted = torch.tensor([p for part, _ in pairs for p in part], dtype=torch.long)
-        target = torch.tensor([t for _, part in pairs for t in part], dtype=torch.long)
+        predicted, target = self._gathered()
         classes = torch.unique(torch.cat([predicted, target]))
         if not len(classes):
             return {self.name: float('nan')}
-        scores = []
-        for c in classes:
-            tp = ((predicted == c) & (target == c)).sum().item()
-            fp = ((predicted == c) & (target != c)).sum().item()
-            fn = ((predicted != c) & (target == c)).sum().item()
-            precision = tp / (tp + fp) if tp + fp else 0.0
-            recall = tp / (tp + fn) if tp + fn else 0.0
-            f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-            scores.append({'precision': precision, 'recall': recall, 'f1': f1}[self.name])
-        return {self.name: sum(scores) / len(scores)}
+        return {self.name: sum(_class_scores(predicted, target, c)[self.name] for c in classes) / len(classes)}
+
+
+class SequenceClassificationScores(_PredictionsAndTargets):
+    """``seq-cls-metric``: accuracy and F1 as ModelScope's ``SequenceClassificationMetric``
+    (see the module docstring)."""
+
+    def __init__(self):
+        self.reset()
+
+    def compute(self):
+        predicted, target = self._gathered()
+        if not len(target):
+            return {'accuracy': float('nan'), 'f1': float('nan')}
+        accuracy = (predicted == target).double().mean().item()
+        if self.num_classes is not None and self.num_classes > 2:
+            classes = torch.unique(torch.cat([predicted, target]))
+            macro = sum(_class_scores(predicted, target, c)['f1'] for c in classes) / len(classes)
+            # single-label: micro-averaged F1 is the accuracy
+            return {'accuracy': accuracy, 'micro-f1': accuracy, 'macro-f1': macro, 'f1': accuracy}
+        binary = _class_scores(predicted, target, 1)['f1']
+        return {'accuracy': accuracy, 'binary-f1': binary, 'f1': binary}
 
 
 class MeanLoss(_Counts):
@@ -167,7 +200,7 @@ class MetricAdapter:
 
 STANDARD = {
     'accuracy': lambda: LabelAccuracy(),
-    'seq-cls-metric': lambda: LabelAccuracy(from_logits=True),
+    'seq-cls-metric': lambda: SequenceClassificationScores(),
     'precision': lambda: MacroScore('precision'),
     'recall': lambda: MacroScore('recall'),
     'f1': lambda: MacroScore('f1'),

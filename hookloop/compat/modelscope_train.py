@@ -84,6 +84,25 @@ def merged_hooks(ms, problems):
     return hooks
 
 
+def merge_hooks(cfg):
+    """ModelScope's ``merge_hooks(cfg)`` (``modelscope.trainers.default_config``): the configs of
+    ``train.hooks`` followed by one per current section present (``train.logging``,
+    ``train.checkpoint.period``, ``train.checkpoint.best``, ``evaluation.period``, in that order,
+    as ``{'type': <its hook>, **section}``). A hook type given both ways is an error, as in
+    ModelScope (whose trainer moves the ``train.hooks`` entries into the sections first, as
+    :func:`merged_hooks` reads them)."""
+    hooks = [dict(hook) for hook in (_section(cfg, ('train', 'hooks')) or [])]
+    for kind, chain in SECTIONS:
+        section = _section(cfg, chain)
+        if section is None:
+            continue
+        if any(hook.get('type') == kind for hook in hooks):
+            raise ConfigError(f'{".".join(chain)} and a {kind} in train.hooks cannot both be given: delete the '
+                              f'{kind} from train.hooks')
+        hooks.append(dict(section, type=kind))
+    return hooks
+
+
 def _best_from_evaluation_hook(hook, by_type, hooks):
     """ModelScope's older ``EvaluationHook(save_best_ckpt=True, monitor_key=..., rule=..., out_dir=...)``
     keeps the best checkpoint itself; it is the ``BestCkptSaverHook`` of the same values."""
@@ -203,4 +222,4 @@ def evaluation_hook(hook):
     return hook
 
 
-__all__ = ['follow_work_dir', 'merged_hooks', 'checkpoint_args', 'logger_hook', 'evaluation_hook']
+__all__ = ['follow_work_dir', 'merged_hooks', 'merge_hooks', 'checkpoint_args', 'logger_hook', 'evaluation_hook']

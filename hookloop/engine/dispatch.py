@@ -26,7 +26,7 @@ FLUSH_BEFORE = frozenset(('after_train_epoch', 'after_val_epoch', 'before_save_c
 
 
 class HookDispatch:
-    """``register_hook``, ``register_training_hooks``, ``resolve_hooks``, ``hook_order_table``,
+    """``register_hook``, ``remove_hook``, ``register_training_hooks``, ``resolve_hooks``, ``hook_order_table``,
     ``call_hook``, ``wake``, ``replan`` and ``hooks`` of the trainer."""
 
     def _init_dispatch(self, profile_hooks):
@@ -54,6 +54,13 @@ class HookDispatch:
         hook = self._hook_list.register(hook, priority)
         self._dispatch = None
         return hook
+
+    def remove_hook(self, hook):
+        """Unregister ``hook`` (a registered Hook object), before or between runs (ConfigError
+        while ``train()`` runs, or for a hook that is not registered). A default hook that stood in
+        for an empty role comes back at the next run unless another hook fills the role."""
+        self._hook_list.remove(hook)
+        self._dispatch = None
 
     def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
                                 log_config=None, momentum_config=None, timer_config=None,

@@ -122,6 +122,18 @@ class HookList:
         self._table = None
         return hook
 
+    def remove(self, hook):
+        """Unregister ``hook`` (the very object); see :meth:`hookloop.Trainer.remove_hook`."""
+        if self.frozen:
+            raise ConfigError(f'cannot remove {type(hook).__name__} {self.frozen}: the hooks of a run are fixed '
+                              'when it starts')
+        entries = [entry for entry in self._entries if entry[2] is hook]
+        if not entries:
+            raise ConfigError(f'{getattr(hook, "name", type(hook).__name__)} is not registered')
+        self._entries.remove(entries[0])
+        self._defaults.discard(id(hook))
+        self._table = None
+
     def register_training_hooks(self, lr_config=None, optimizer_config=None, checkpoint_config=None,
                                 log_config=None, momentum_config=None, timer_config=None,
                                 custom_hooks_config=None):

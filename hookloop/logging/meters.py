@@ -232,6 +232,13 @@ class MeterBuffer:
     def averages(self, since=None):
         return {key: value['avg'] for key, value in self.summary(since).items()}
 
+    def values(self, since=None):
+        """``{key: [numbers]}``: each value appended after the mark ``since`` (all kept values
+        when ``None``), oldest first, as host floats (a sync per device tensor: for code that
+        reads a value history, such as ModelScope's ``log_buffer.val_history``, not for loggers)."""
+        self._collect()
+        return {key: [float(value) for value in window] for key, window in self._windows(since or {}).items()}
+
 
 def _stats(numbers):
     return {'avg': math.fsum(numbers) / len(numbers), 'latest': numbers[-1], 'count': len(numbers)}
