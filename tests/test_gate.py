@@ -214,3 +214,12 @@ def test_a_directory_export_to_a_url_uploads_each_file_with_its_sidecar(tmp_path
     finally:
         filesystem, path = storage.filesystem(url)
         filesystem.rm(path.rsplit('/', 1)[0], recursive=True)
+
+
+def test_a_sparse_weight_in_a_safetensors_export_is_one_clear_line(tmp_path):
+    pytest.importorskip('safetensors')
+    from hookloop.checkpoint.format import safetensors_bytes
+    state = {'w': torch.ones(2), 'adjacency': torch.eye(2).to_sparse()}
+    with pytest.raises(CheckpointError, match=r"safetensors holds dense tensors only, and \['adjacency'\] are sparse"):
+        gate.export_file(str(tmp_path / 'w.safetensors'), lambda f: f.write(safetensors_bytes(state)), state)
+    assert os.listdir(tmp_path) == []

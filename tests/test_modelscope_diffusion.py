@@ -270,6 +270,32 @@ def test_documented_no_ops_are_logged_and_bad_arguments_refused(dreambooth_run, 
     for extra, named in ((dict(torch_type='float8'), 'torch_type must be'),
                          (dict(model=str(tmp_path / 'AI-ModelScope')), 'is not a local directory'),
                          (dict(train_dataset=[{'image': 'x.png', 'caption': 'a'}]), 'rows must give an image'),
+                         (dict(train_dataset={'train': rows_of(data_dir), 'validation': []}), 'a dict of splits'),
                          (dict(learning_rate=1e-4), 'arguments not supported: learning_rate')):
         with pytest.raises(ConfigError, match=named):
             modelscope_trainer('dreambooth-diffusion', model_dir, data_dir, tmp_path / 'bad', **extra)
+
+
+def test_rows_read_in_order_train_with_train_iters_per_epoch(tmp_path, model_dir, data_dir):
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(rows_of(data_dir))
+
+    record = Record()
+    trainer = modelscope_trainer('dreambooth-diffusion', model_dir, data_dir, tmp_path, train_dataset=Stream(),
+                                 train_iters_per_epoch=3, cfg_modify_fn=constant_lr(epochs=1), callbacks=[record])
+    train(trainer)
+    assert trainer.iter == 3 and [t for texts in record.texts for t in texts] == [r['Text'] for r in rows_of(data_dir)]
+
+
+def test_lora_diffusion_takes_a_built_model_only_with_its_adapters(tmp_path, model_dir, data_dir):
+    from hookloop.dreambooth import ModelScopeStableDiffusion
+    plain = ModelScopeStableDiffusion(model_dir)
+    with pytest.raises(ConfigError, match='lora-diffusion adds LoRA adapters of rank 4'):
+        modelscope_trainer('lora-diffusion', plain, data_dir, tmp_path / 'a',
+                           cfg_file=os.path.join(model_dir, 'configuration.json'))
+    trainer = modelscope_trainer('lora-diffusion', ModelScopeStableDiffusion(model_dir, lora_rank=4), data_dir,
+                                 tmp_path / 'b', cfg_file=os.path.join(model_dir, 'configuration.json'))
+    trainer.close()

@@ -66,7 +66,7 @@ def test_kill_9_then_resume_auto_is_bitwise_the_uninterrupted_run(tmp_path, inpu
         process = launch(name, model_dir, data_dir, work_dir, class_dir, delay=0.0)
         output = process.communicate(timeout=300)[0].decode()
         assert process.returncode == 0, output[-3000:]
-        assert f'iter_{killed_at}.pth' in output  # it continued from where it was killed
+        assert f'iteration {killed_at} ' in output and 'resumed from' in output  # from where it was killed
     finally:
         if process.poll() is None:
             process.kill()

@@ -152,6 +152,10 @@ def safetensors_bytes(state_dict):
         from safetensors.torch import save as to_bytes
     except ImportError:
         raise CheckpointError('safetensors export needs the safetensors package (pip install safetensors)') from None
+    sparse = sorted(key for key, value in state_dict.items() if getattr(value, 'layout', torch.strided) != torch.strided)
+    if sparse:
+        raise CheckpointError(f'safetensors holds dense tensors only, and {sparse[:3]} are sparse: export these weights '
+                              'with a checkpoint (.pth) instead')
     # safetensors refuses shared or non-contiguous storage; a private contiguous copy
     # of each tensor is what a weights file should hold anyway.
     return to_bytes({key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()

@@ -184,10 +184,13 @@ def _unknown_types(cfg, problems, build_data=True):
     from ..optim.constructor import OPTIMIZER_CONSTRUCTORS, is_optimizer_dict_cfg
     from ..registry import DATASETS, HOOKS, MODELS, OPTIMIZERS
     imports = cfg.get('custom_imports')
-    for module in [imports] if isinstance(imports, str) else imports or []:
-        try:  # the list form is the Trainer's (it reports a failed import); what it registers counts here
+    for module in [imports] if isinstance(imports, str) else imports if isinstance(imports, (list, tuple)) else []:
+        # the list form is the Trainer's, which reports a bad entry; what it registers counts here
+        if not isinstance(module, str):
+            return
+        try:
             importlib.import_module(module)
-        except ImportError:
+        except (ImportError, ValueError):
             return
 
     def check(registry, spec, where):

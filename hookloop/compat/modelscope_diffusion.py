@@ -85,21 +85,6 @@ def preprocessor_options(cfg, trainer):
     return section
 
 
-def check_rows(rows, what, trainer):
-    """The first row must give ``target`` and ``text`` once prepared (lower-cased, ``:FILE`` dropped)."""
-    if rows is None or not hasattr(rows, '__getitem__') or not hasattr(rows, '__len__'):
-        raise ConfigError(f'{trainer} {what} must be a map-style dataset (or a list) of rows with an image and a '
-                          f'caption, got {type(rows).__name__}')
-    if len(rows) == 0:
-        raise ConfigError(f'{trainer} {what} is empty')
-    row = rows[0]
-    keys = {str(k).replace(':FILE', '').lower() for k in row} if isinstance(row, Mapping) else set()
-    if not {'target', 'text'} <= keys:
-        raise ConfigError(f'{trainer} {what} rows must give an image as "Target:FILE" (or "target" in the '
-                          'preprocessor\'s image_keys) and a caption as "Text"; the first row has '
-                          f'{sorted(row) if isinstance(row, Mapping) else type(row).__name__}')
-
-
 @HOOKS.register_module()
 class ModelScopeDiffusionCheckpointHook(ModelScopeCheckpointHook):
     """``ModelScopeCheckpointHook`` whose ``output/`` holds what ModelScope's Stable Diffusion
@@ -178,15 +163,22 @@ class ModelScopeDiffusionTrainer(Trainer):
         model_dir, built = model_directory(model, cfg_file, name)
         cfg = load_configuration(cfg_file or os.path.join(model_dir, CONFIGURATION), cfg_modify_fn, cfg_options)
         prepare = preprocessor_options(cfg, name)
+        self._rows = dict(resolution=prepare.get('resolution', 512), center_crop=prepare.get('center_crop', True),
+                          mean=prepare.get('mean', (0.5,)), std=prepare.get('std', (0.5,)),
+                          image_keys=prepare.get('image_keys', ()))
+        args = dict(kwargs, seed=seed)
         for rows, what in ((train_dataset, 'train_dataset'), (eval_dataset, 'eval_dataset')):
-            if rows is not None:
-                check_rows(rows, what, name)
+            if rows is not None:  # checked before the model is loaded
+                args[what] = DATASETS.build(dict(type='ImageCaptionData', rows=rows, **self._rows))
+                args[what].check_columns(f'{name} {what}')
         if isinstance(seed, int) and not isinstance(seed, bool):
             seed_everything(seed)  # before the model (LoRA's initialisation draws), as ModelScope seeds first
         section = dict(cfg.pop('model', None) or {})
         if built is None:
             built = MODELS.build(dict(section, type=section.get('type', 'stable-diffusion'), model_dir=model_dir,
                                       **self.model_options(section)))
+        else:
+            self.check_built_model(built)
         missing = [method for method in _NEEDED if not hasattr(built, method)]
         if missing:
             raise ConfigError(f'{name}: the model {type(built).__name__} lacks {missing}: use ModelScope\'s '
@@ -194,13 +186,7 @@ class ModelScopeDiffusionTrainer(Trainer):
                               f"model.type='stable-diffusion')")
         self.torch_type = built.as_dtype(torch_type)
         self.model_dir = model_dir
-        self._rows = dict(resolution=prepare.get('resolution', 512), center_crop=prepare.get('center_crop', True),
-                          mean=prepare.get('mean', (0.5,)), std=prepare.get('std', (0.5,)),
-                          image_keys=prepare.get('image_keys', ()))
-        args = dict(kwargs, model=built, seed=seed)
-        for rows, what in ((train_dataset, 'train_dataset'), (eval_dataset, 'eval_dataset')):
-            if rows is not None:
-                args[what] = DATASETS.build(dict(type='ImageCaptionRows', rows=rows, **self._rows))
+        args['model'] = built
         cfg['model'] = section
         configuration = copy.deepcopy(cfg.to_dict())  # what output/configuration.json records
         configuration['pipeline'] = {'type': CONFIGURATION_PIPELINE}
@@ -226,6 +212,9 @@ class ModelScopeDiffusionTrainer(Trainer):
     def model_options(self, section):
         """Arguments the trainer adds to the configuration's ``model`` section."""
         return {}
+
+    def check_built_model(self, model):
+        """A model given built (not a directory) must be what this trainer would have built."""
 
     def prepare_loss(self, translated):
         """Set ``translated['loss_fn']`` when the step needs more than the model's loss."""
@@ -414,6 +403,13 @@ class ModelScopeLoraDiffusionTrainer(ModelScopeDiffusionTrainer):
 
     def model_options(self, section):
         return {'lora_rank': self.lora_rank}
+
+    def check_built_model(self, model):
+        lora = getattr(model, 'lora', None)
+        if not lora or lora.get('rank') != self.lora_rank:
+            raise ConfigError(f'lora-diffusion adds LoRA adapters of rank {self.lora_rank} when it builds the model '
+                              'from its directory: pass model=DIR, or a stable-diffusion model built with '
+                              f'lora_rank={self.lora_rank}')
 
     def export_weights(self, directory):
         self.model.save_modelscope_lora(directory, self.safe_serialization, self.torch_type)

@@ -61,11 +61,8 @@ class EvalHook(EvaluationHook):
         # This hook brings the val data and the dataset's evaluator (MMCV's EvalHook holds both).
         trainer.set_validation(self.dataloader, self.evaluator)
         self.evaluator.trainer = trainer
-        if self.best is not None and hasattr(trainer, 'runner_meta'):
-            if trainer.meta is None:  # MMCV's EvalHook makes one, to record the best checkpoint in
-                warnings.warn('runner.meta is None. Creating an empty one.')
-                trainer.meta = trainer.runner_meta = {}
-            trainer.meta.setdefault('hook_msgs', {})
+        if self.best is not None and hasattr(trainer, 'hook_messages'):  # an MMCV run's trainer
+            trainer.hook_messages()  # MMCV's EvalHook makes runner.meta, to record the best checkpoint in
 
     def evaluate(self, runner, results):
         """MMCV's: ``dataset.evaluate(results, logger=runner.logger, **eval_kwargs)``; the
@@ -86,7 +83,7 @@ class EvalHook(EvaluationHook):
     def _save_best(self, trainer, path, on_disk):
         # MMCV records the new best in runner.meta before saving, so the best file holds it too
         if trainer.meta is not None:
-            messages = trainer.meta.setdefault('hook_msgs', {})
+            messages = trainer.hook_messages()
             messages['best_score'], messages['best_ckpt'] = self.best.score, path
         super()._save_best(trainer, path, on_disk)
 

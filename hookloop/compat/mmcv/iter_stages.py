@@ -49,7 +49,7 @@ class _OncePerRun:
             hook.before_epoch(trainer)
 
     def after_epoch(self, trainer):
-        if trainer.exception is None:  # MMCV reaches after_epoch only when the loop finished
+        if not trainer.outcome.failed:  # MMCV reaches after_epoch only when the loop finished
             for hook in self.after:
                 hook.after_epoch(trainer)
 

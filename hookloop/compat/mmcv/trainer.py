@@ -25,6 +25,7 @@ pointer moves to (MMCV code resumes from it), the runner's ``meta`` in every che
 ``meta['hook_msgs']['last_ckpt']``.
 """
 import os
+import warnings
 
 from ...checkpoint.format import load_checkpoint
 from ...engine.checkpointer import plain
@@ -144,6 +145,14 @@ class MMCVTrainer(Trainer):
             self.meta = self.runner_meta = {}
         self.meta.update(saved.get('meta', {}))
         return result
+
+    def hook_messages(self):
+        """``meta['hook_msgs']``, where MMCV's hooks record the last and best checkpoints; a
+        runner without ``meta`` gets one, with MMCV's warning (its EvalHook makes it so)."""
+        if self.meta is None:
+            warnings.warn('runner.meta is None. Creating an empty one.')
+            self.meta = self.runner_meta = {}
+        return self.meta.setdefault('hook_msgs', {})
 
     # -- hooks -------------------------------------------------------------------------------
     def resolve_hooks(self):
