@@ -46,7 +46,8 @@ def check_call_arguments(target, kwargs, what=None):
 
 # Modules whose import registers hookloop's own entries (hooks, trainers). ``import hookloop``
 # is lazy (no torch for ``hookloop --help``), so they are imported at a registry's first lookup.
-BUILTIN_MODULES = ('hookloop.hooks', 'hookloop.data.hf_dataset', 'hookloop.dreambooth')
+BUILTIN_MODULES = ('hookloop.hooks', 'hookloop.data.hf_dataset', 'hookloop.dreambooth',
+                   'hookloop.compat.modelscope_diffusion')
 _builtins_loaded = False
 
 

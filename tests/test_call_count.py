@@ -1,10 +1,18 @@
 """The framework's per-iteration work, counted: Python calls into hookloop per training
 iteration are a small constant (they do not grow with the run), under a budget, for the
 default hooks, accumulation and TensorBoard logging. Host syncs are counted in
-``test_sync_count.py``; time in ``bench/overhead.py``."""
+``test_sync_count.py``; time in ``bench/overhead.py``.
+
+The counts do not depend on the machine's load: a tracker's records are handed over at flush
+points only (the flush period, a wall-clock interval, is set past the run), and the garbage of
+earlier tests is collected before each measured run, not during it (a finalizer of a hookloop
+object would count as a call). ``test_the_count_does_not_depend_on_the_clock`` runs with a
+clock that jumps seconds at every reading, the way a loaded machine looks to the run."""
 import collections
+import gc
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -53,13 +61,35 @@ def hookloop_calls(tmp_path, mode, iters):
     def profile(frame, event, arg):
         if event == 'call' and frame.f_code.co_filename.startswith(ROOT):
             counts[frame.f_code.co_name] += 1
+    gc.collect()
+    gc.disable()  # no other test's garbage collected (its finalizers run) inside the count
     sys.setprofile(profile)
     try:
         trainer.train()
     finally:
         sys.setprofile(None)
+        gc.enable()
         trainer.close()
     return counts
+
+
+@pytest.fixture(autouse=True)
+def no_timed_flush(flush_every):
+    flush_every(1e9)  # records handed over at flush points only, however slow the machine
+
+
+@pytest.fixture
+def slow_clock(monkeypatch):
+    """Every reading of the clocks advances them by 5 s: the run as a loaded machine sees it."""
+    offset = [0.0]
+
+    def slowed(clock):
+        def read():
+            offset[0] += 5.0
+            return clock() + offset[0]
+        return read
+    for name in ('monotonic', 'perf_counter', 'time'):
+        monkeypatch.setattr(time, name, slowed(getattr(time, name)))
 
 
 @pytest.mark.parametrize('mode', list(MODES))
@@ -72,3 +102,14 @@ def test_calls_per_iteration_are_a_small_constant(tmp_path, mode):
     print(f'{mode}: {per_iter[0]:.2f} hookloop calls per iteration')
     assert per_iter[0] == pytest.approx(per_iter[1], abs=0.05), per_iter  # constant, not growing with the run
     assert per_iter[0] <= BUDGET, collections.Counter({k: (runs[1][k] - runs[0][k]) / 100 for k in runs[1]})
+
+
+@pytest.mark.parametrize('mode', list(MODES))
+def test_the_count_does_not_depend_on_the_clock(tmp_path, mode, request):
+    if mode == 'tensorboard':
+        pytest.importorskip('tensorboard')
+    hookloop_calls(tmp_path / 'warm', mode, 20)  # first-use caches (hook schedules, imports) filled
+    fast = hookloop_calls(tmp_path / 'fast', mode, 100)
+    request.getfixturevalue('slow_clock')
+    slow = hookloop_calls(tmp_path / 'slow', mode, 100)
+    assert slow == fast, {k: slow[k] - fast[k] for k in set(slow) | set(fast) if slow[k] != fast[k]}

@@ -194,3 +194,32 @@ def test_a_finished_dreambooth_run_with_nan_weights_writes_no_pipeline(tmp_path)
     clean.train()
     clean.close()
     assert verify_checksum(str(tmp_path / 'clean' / 'pipeline' / 'tiny_diffusion.safetensors'))
+
+
+def test_a_directory_export_to_a_url_uploads_each_file_with_its_sidecar(tmp_path):
+    import uuid
+    from hookloop.fileio import storage
+    url = f'memory://hookloop-gate-{uuid.uuid4().hex}/pipeline'
+
+    def write(directory):
+        os.makedirs(os.path.join(directory, 'unet'))
+        open(os.path.join(directory, 'unet', 'w.bin'), 'wb').write(b'w')
+
+    try:
+        assert gate.export_directory(url, write, {'w': torch.ones(1)}) == url
+        assert storage.read_bytes(url + '/unet/w.bin') == b'w'
+        assert verify_checksum(url + '/unet/w.bin')
+        with pytest.raises(InvalidLossError):
+            gate.export_directory(url, write, {'w': torch.tensor(math.nan)})
+    finally:
+        filesystem, path = storage.filesystem(url)
+        filesystem.rm(path.rsplit('/', 1)[0], recursive=True)
+
+
+def test_a_sparse_weight_in_a_safetensors_export_is_one_clear_line(tmp_path):
+    pytest.importorskip('safetensors')
+    from hookloop.checkpoint.format import safetensors_bytes
+    state = {'w': torch.ones(2), 'adjacency': torch.eye(2).to_sparse()}
+    with pytest.raises(CheckpointError, match=r"safetensors holds dense tensors only, and \['adjacency'\] are sparse"):
+        gate.export_file(str(tmp_path / 'w.safetensors'), lambda f: f.write(safetensors_bytes(state)), state)
+    assert os.listdir(tmp_path) == []

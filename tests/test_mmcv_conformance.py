@@ -127,6 +127,8 @@ def test_helper_max_epochs_gives_way_to_runner_cfg_options(tmp_path):
         "model = dict(type='Regressor')\noptimizer = dict(type='SGD', lr=0.1)\n")
     from hookloop.cli import load_with_options
     from hookloop.compat.mmcv_config import translate
+    from hookloop.registry import MODELS
+    MODELS.register_module(module=Regressor, force=True)  # translate checks the config's types
     cfg = load_with_options(str(tmp_path / 'yolox.py'), ['runner.max_epochs=2'])
     kwargs, notes = translate(cfg, Trainer)
     assert kwargs['max_epochs'] == 2 and any('max_epochs=300 is a helper variable' in n for n in notes)

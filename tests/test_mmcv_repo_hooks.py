@@ -219,3 +219,27 @@ def test_runner_api_keeps_the_trainers_own_forms(tmp_path):
         assert calls == ['my_event']
     finally:
         trainer.close()
+
+
+def test_optimizer_hook_driven_by_code_outside_a_trainer():
+    """A repository's own loop (or a mock runner) calls OptimizerHook.after_train_iter itself:
+    MMCV's step, with the parameters outside the loss's graph logged at ERROR (MMCV's report)."""
+    from unittest.mock import MagicMock
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    model = Two()
+    runner = MagicMock()
+    runner.model, runner.optimizer = model, torch.optim.SGD(model.parameters(), lr=0.1)
+    before = model.used.weight.detach().clone()
+    runner.outputs = dict(loss=model.used(torch.ones(1, 2)).sum(), num_samples=1)
+    OptimizerHook(dict(max_norm=2), detect_anomalous_params=True).after_train_iter(runner)
+    logged = [c.kwargs['msg'] for c in runner.logger.log.call_args_list]
+    assert [m.split(' ')[0] for m in logged] == ['unused.weight', 'unused.bias']
+    assert all(c.kwargs['level'] == 40 and 'is not in the computational graph' in c.kwargs['msg']
+               for c in runner.logger.log.call_args_list)
+    assert not torch.equal(model.used.weight, before)  # stepped
+    assert runner.log_buffer.update.call_args.args[0].keys() == {'grad_norm'}

@@ -77,6 +77,22 @@ def test_out_dir_copies_logs_and_exp_name_is_logged(tmp_path):
     assert log_text.count('Exp name: exp1') == 2  # at iterations 10 and 20
 
 
+def test_two_runs_share_an_out_dir_each_in_its_own_subdirectory(tmp_path):
+    """The hook declares where it writes (``<out_dir>/<work dir name>``), not the shared
+    ``out_dir``: two runs, even at once, do not lock each other out of it."""
+    out_dir = tmp_path / 'shared'
+    first = make_trainer(tmp_path / 'exp1', [dict(type='TextLoggerHook', out_dir=str(out_dir))])
+    second = make_trainer(tmp_path / 'exp2', [dict(type='TextLoggerHook', out_dir=str(out_dir))])
+    hook = next(h for h in first.hooks if type(h).__name__ == 'TextLoggerHook')
+    assert hook.output_dirs(first) == {'log': str(out_dir / 'exp1')}
+    try:
+        first.train()
+        run(second)  # while the first trainer still holds its work dir and its declared directory
+    finally:
+        first.close()
+    assert sorted(os.listdir(out_dir)) == ['exp1', 'exp2']
+
+
 def test_unwritable_out_dir_fails_before_training(tmp_path):
     blocker = tmp_path / 'file'
     blocker.write_text('')

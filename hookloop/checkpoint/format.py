@@ -152,6 +152,10 @@ def safetensors_bytes(state_dict):
         from safetensors.torch import save as to_bytes
     except ImportError:
         raise CheckpointError('safetensors export needs the safetensors package (pip install safetensors)') from None
+    sparse = sorted(key for key, value in state_dict.items() if getattr(value, 'layout', torch.strided) != torch.strided)
+    if sparse:
+        raise CheckpointError(f'safetensors holds dense tensors only, and {sparse[:3]} are sparse: export these weights '
+                              'with a checkpoint (.pth) instead')
     # safetensors refuses shared or non-contiguous storage; a private contiguous copy
     # of each tensor is what a weights file should hold anyway.
     return to_bytes({key: value.detach().to('cpu').contiguous().clone() for key, value in state_dict.items()
@@ -162,32 +166,32 @@ def load_checkpoint(path, map_location='cpu', verify=True):
     """Load a checkpoint (a local path or a URL) with ``weights_only=True``; anything else
     is a CheckpointError.
 
-    With ``verify`` the file is compared with its sidecar (``.xxh128`` or ``.sha256``) when it
-    has one, in the same read that loads it; a mismatch is a CheckpointError, also when the
-    damage makes the file unloadable."""
+    With ``verify`` the file is compared with every sidecar beside it (``.xxh128``, ``.sha256``;
+    :mod:`hookloop.checkpoint.checksum`'s rules), in the same read that loads it; a mismatch is a
+    CheckpointError, also when the damage makes the file unloadable."""
     if not storage.exists(path):
         raise CheckpointError(f'checkpoint {path!r} does not exist')
     if storage.isdir(path):
         raise CheckpointError(f'checkpoint {path!r} is a directory, not a checkpoint file')
     if storage.size(path) == 0:
         raise CheckpointError(f'checkpoint {path!r} is empty (0 bytes): not a checkpoint')
-    expected = checksum.expected_checksum(path) if verify else None
-    if expected is None:
+    expected = checksum.expected_checksums(path) if verify else []
+    if not expected:
         source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
         return _torch_load(source, path, map_location)
-    algorithm, sidecar, digest = expected
+    algorithms = tuple(algorithm for algorithm, _, _ in expected)
     if storage.is_url(path):  # one read of the object, hashed in memory
         data = storage.read_bytes(path)
-        checksum.compare(path, sidecar, algorithm, digest, hashing.digest_bytes(data, algorithm))
+        checksum.compare(path, expected, hashing.digest_bytes(data, algorithms))
         return _torch_load(io.BytesIO(data), path, map_location)
     with open(path, 'rb') as file:  # hashed as torch reads it: no second read for the checksum
-        reader = hashing.HashingReader(file, algorithm)
+        reader = hashing.HashingReader(file, algorithms)
         try:
             checkpoint = _torch_load(reader, path, map_location)
         except CheckpointError:  # a damaged file says it is damaged, as a check before loading would
-            checksum.compare(path, sidecar, algorithm, digest, reader.finish())
+            checksum.compare(path, expected, reader.finish())
             raise
-        checksum.compare(path, sidecar, algorithm, digest, reader.finish())
+        checksum.compare(path, expected, reader.finish())
     return checkpoint
 
 

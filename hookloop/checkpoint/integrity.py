@@ -10,19 +10,12 @@ Checkpoints written before hookloop recorded digests can still be resumed with t
 environment variable ``HOOKLOOP_ALLOW_UNVERIFIED=1`` (a warning says so, per file).
 """
 import os
-import stat
 import warnings
 
 from ..fileio import storage
-from ..errors import CheckpointError
-from .checksum import CHECKSUM_SUFFIXES, checksum_path
+from .checksum import CHECKSUM_SUFFIXES, UnverifiedCheckpointError, checksum_path, sidecar_state
 
 SWITCH = 'HOOKLOOP_ALLOW_UNVERIFIED'
-
-
-class UnverifiedCheckpointError(CheckpointError):
-    """A checkpoint without its digest: not damaged as far as anyone knows, so ``--resume auto``
-    skips it but does not rename it aside."""
 
 
 def unverified_allowed():
@@ -38,30 +31,14 @@ def missing(path, what):
                                     f'A checkpoint from an older hookloop can be resumed with {SWITCH}=1')
 
 
-def sidecar_state(sidecar):
-    """``'file'``, ``'missing'`` or a description of what else is there (a directory, a
-    symlink, a device): only a regular file (no symlink, for a local path) is a checksum."""
-    if storage.is_url(sidecar):
-        return 'file' if storage.isfile(sidecar) else 'missing'
-    try:
-        mode = os.lstat(sidecar).st_mode
-    except FileNotFoundError:
-        return 'missing'
-    except OSError as exc:
-        return f'unreadable ({exc.strerror})'
-    if stat.S_ISREG(mode):
-        return 'file'
-    return 'a symbolic link' if stat.S_ISLNK(mode) else 'a directory' if stat.S_ISDIR(mode) else 'not a regular file'
-
-
 def check_sidecar(path):
-    """Refuse (or with the switch, warn about) ``path`` when none of its sidecars (``.xxh128``,
-    ``.sha256``) is a regular file."""
+    """Refuse (or with the switch, warn about) ``path`` when it has no sidecar (``.xxh128``,
+    ``.sha256``) or one that is not a regular file (whatever sits beside it)."""
     states = {suffix: sidecar_state(path + suffix) for suffix in CHECKSUM_SUFFIXES}
-    if 'file' in states.values():
+    odd = next(((s, v) for s, v in states.items() if v not in ('file', 'missing')), None)
+    if odd is None and 'file' in states.values():
         return
-    suffix, state = next(((s, v) for s, v in states.items() if v != 'missing'),
-                         (checksum_path(path)[len(path):], 'missing'))
+    suffix, state = odd or (checksum_path(path)[len(path):], 'missing')
     missing(path, f'its {storage.basename(path + suffix)} is {state}')
 
 

@@ -6,9 +6,33 @@ at the first step (``KeyError: 'momentum'``). Here the saved groups must name th
 hyperparameters as this optimizer's (keys that only one side has, on *both* sides, mean
 another optimizer class; keys that a newer torch added are filled in by torch itself).
 """
+import re
+
 import torch
 
 from ..errors import CheckpointError
+from ..fileio import storage
+
+_NAMED = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
+
+
+def named_position(path):
+    """``('iter' | 'epoch', n)`` that a checkpoint's name says it holds (``iter_15.pth``,
+    ``best_acc_epoch_3.pth``, ``preempt_iter_17.pth``); None when its name says nothing."""
+    found = _NAMED.search(storage.basename(path))
+    return (found.group(1), int(found.group(2))) if found else None
+
+
+def position_disagreement(path, meta):
+    """One line when ``meta`` (a checkpoint's counters) is not the position its name says
+    (two checkpoints swapped or renamed: each verifies, as its sidecar moved with it); None when
+    they agree or the name says nothing."""
+    named = named_position(path)
+    if named is None or meta.get(named[0]) == named[1]:
+        return None
+    return (f'{storage.basename(path)} holds the state after {meta.get("iter")} iterations (epoch {meta.get("epoch")}), '
+            f'not after {named[0]} {named[1]} as its name says (renamed, or swapped with another checkpoint?); '
+            'continuing from what it holds')
 
 
 def check_optimizer_fits(optimizer, saved, path):

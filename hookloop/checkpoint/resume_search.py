@@ -10,18 +10,16 @@ another run's lineage. The work dir may be an fsspec URL: the candidates are lis
 through :mod:`hookloop.fileio.storage`.
 """
 import os
-import re
 
 from ..fileio import storage
 
 from .atomic import TMP_SUFFIX
-from .checksum import CHECKSUM_SUFFIXES
+from .checksum import CHECKSUM_SUFFIXES, HashPackageMissingError
 from .format import POINTER_NAME, inside, load_checkpoint, read_pointer
 from ..errors import CheckpointError
 from .sharded_files import is_sharded_checkpoint, verify_shard_files
 from .integrity import UnverifiedCheckpointError, require_sidecar
-
-_POSITION = re.compile(r'(?:^|_)(iter|epoch)_(\d+)(?:\.pth)?$')
+from .restore_checks import named_position
 
 
 def load_verified(path, map_location='cpu', verify_sharded=verify_shard_files):
@@ -38,10 +36,10 @@ def load_verified(path, map_location='cpu', verify_sharded=verify_shard_files):
 
 def _position(path, iters_per_epoch):
     """Where a checkpoint's name says it stands, in iterations (-1 when the name does not say)."""
-    found = _POSITION.search(storage.basename(path))
-    if found is None:
+    named = named_position(path)
+    if named is None:
         return -1
-    kind, n = found.group(1), int(found.group(2))
+    kind, n = named
     return n * iters_per_epoch if kind == 'epoch' else n
 
 
@@ -116,6 +114,8 @@ def find_resumable(work_dir, directories, iters_per_epoch, logger, map_location=
             continue
         try:
             checkpoint = load_verified(path, map_location, verify_sharded)
+        except HashPackageMissingError:
+            raise  # every checkpoint of the run has that kind of digest: install the package, touch nothing
         except CheckpointError as exc:
             moved = set_aside(path) if rename_damaged and not isinstance(exc, UnverifiedCheckpointError) else None
             skipped.append((path, str(exc) + (f' (renamed to {storage.basename(moved)})' if moved else '')))

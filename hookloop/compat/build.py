@@ -4,11 +4,13 @@
 Translation happens here, before a trainer exists: ``Trainer(...)`` takes hookloop's arguments
 only. It lives in ``compat/`` because it uses the translators; the engine never imports it.
 """
+from ..engine.runner_names import MMCV_KEYS
 from ..engine.trainer import Trainer
-from ..registry import TRAINERS
+from ..errors import ConfigError
+from ..registry import TRAINERS, closest_names
 from . import modelscope
 from .mmcv.trainer import MMCVTrainer
-from .mmcv_config import is_mmcv_config, is_mmcv_run, translate
+from .mmcv_config import is_mmcv_config, is_mmcv_run, trainer_arguments, translate
 
 
 def build_trainer(name='default', default_args=None):
@@ -25,8 +27,12 @@ def build_trainer(name='default', default_args=None):
     args = dict(default_args or {})
     target = TRAINERS.get(name) if isinstance(name, str) else name
     notes = []
-    if isinstance(target, type) and issubclass(target, Trainer):
-        if 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
+    if getattr(target, 'takes_modelscope_arguments', False):
+        pass  # ModelScope's own trainers ('dreambooth-diffusion', ...) read ModelScope's arguments themselves
+    elif isinstance(target, type) and issubclass(target, Trainer):
+        if getattr(target, 'strict_arguments', False):  # dreambooth_diffusion: no helper variables
+            refuse_unknown_arguments(args, target, name if isinstance(name, str) else target.__name__)
+        elif 'cfg_file' in args:  # ModelScope's build_trainer(default_args=dict(cfg_file=..., cfg_modify_fn=...))
             args = modelscope.trainer_args(args)
         elif modelscope.looks_like_modelscope(args) and not is_mmcv_config(args):  # a configuration.json
             # (an MMCV config's top-level ``train`` is a helper variable: mmocr's dataset dicts)
@@ -38,6 +44,21 @@ def build_trainer(name='default', default_args=None):
     for note in notes:
         trainer.logger.info(note)
     return trainer
+
+
+def refuse_unknown_arguments(args, target, label):
+    """A trainer that declares ``strict_arguments`` takes no helper variables: a name that is
+    neither one of its arguments nor an MMCV config key is a ConfigError naming the closest ones."""
+    known = trainer_arguments(target)
+    unknown = [name for name in args if name not in known and name not in MMCV_KEYS]
+    if not unknown:
+        return
+    lines = []
+    for name in unknown:
+        hint = closest_names(name, known)
+        lines.append(f'{name!r}' + (f' (did you mean {", ".join(map(repr, hint))}?)' if hint else ''))
+    raise ConfigError(f'{label} got unexpected argument{"s" if len(lines) > 1 else ""} {", ".join(lines)}; '
+                      'its arguments are listed in docs/dreambooth.md')
 
 
 __all__ = ['build_trainer']

@@ -119,14 +119,16 @@ def translate(cfg, target, build_data=True):
     _import_custom(cfg, problems, notes)
     _run_length(cfg, problems, notes)
     _optimizers(cfg, problems)
+    _unknown_types(cfg, problems, build_data)
     iter_based = cfg.pop('_iter_based', False)
     _process_settings(cfg, problems, notes)
     _data(cfg, problems)
     _fp16(cfg, problems)
+    _several_optimizers(cfg, problems, notes)
     _auto_scale_lr(cfg, problems, notes)
     _model_cfgs(cfg)
     _workflow(cfg, problems, notes, iter_based)
-    _evaluation(cfg, problems, notes, iter_based, build_data)
+    _evaluation(cfg, problems, notes, iter_based, build_data, mmcv_run)
     if iter_based:
         for key, value in iter_based_defaults(**{k: cfg.get(k) for k in _BY_EPOCH_CONFIGS}).items():
             if value is not None:
@@ -172,6 +174,63 @@ def _as_mmcv_builds(cfg):
     if isinstance(optimizer, Mapping) and 'type' in optimizer and \
             not {'constructor', 'paramwise_cfg', 'paramwise_options'} & set(optimizer):
         cfg['optimizer'] = {**optimizer, 'constructor': 'DefaultOptimizerConstructor'}
+
+
+def _unknown_types(cfg, problems, build_data=True):
+    """Every ``type`` (and LR / momentum ``policy``) of the config that names nothing registered,
+    all in the one error (a config with an unknown optimizer, policy and hook says all three).
+    ``build_data=False`` (``hookloop hooks``, which builds neither): the hooks' types only."""
+    from ..engine.hook_list import policy_hook_cfg
+    from ..optim.constructor import OPTIMIZER_CONSTRUCTORS, is_optimizer_dict_cfg
+    from ..registry import DATASETS, HOOKS, MODELS, OPTIMIZERS
+    imports = cfg.get('custom_imports')
+    for module in [imports] if isinstance(imports, str) else imports if isinstance(imports, (list, tuple)) else []:
+        # the list form is the Trainer's, which reports a bad entry; what it registers counts here
+        if not isinstance(module, str):
+            return
+        try:
+            importlib.import_module(module)
+        except (ImportError, ValueError):
+            return
+
+    def check(registry, spec, where):
+        kind = spec.get('type') if isinstance(spec, Mapping) else None
+        if isinstance(kind, str):
+            try:
+                registry.get(kind)
+            except ConfigError as exc:
+                problems.append(f'{where}: {exc}')
+
+    if build_data:
+        check(MODELS, cfg.get('model'), 'model')
+    optimizer = cfg.get('optimizer')
+    for name, spec in optimizer.items() if is_optimizer_dict_cfg(optimizer) else [(None, optimizer)]:
+        where = 'optimizer' if name is None else f'optimizer.{name}'
+        check(OPTIMIZERS, spec, where)
+        if isinstance(spec, Mapping) and isinstance(spec.get('constructor'), str):
+            check(OPTIMIZER_CONSTRUCTORS, dict(type=spec['constructor']), f'{where}.constructor')
+    for key, suffix in (('lr_config', 'LrUpdaterHook'), ('momentum_config', 'MomentumUpdaterHook')):
+        if isinstance(cfg.get(key), Mapping):
+            try:
+                check(HOOKS, policy_hook_cfg(cfg[key], suffix), key)
+            except ConfigError as exc:
+                problems.append(f'{key}: {exc}')
+    for key in ('optimizer_config', 'checkpoint_config', 'timer_config', 'evaluation'):
+        check(HOOKS, cfg.get(key), key)
+    log_config = cfg.get('log_config')
+    for index, hook in enumerate(log_config.get('hooks') or [] if isinstance(log_config, Mapping) else []):
+        check(HOOKS, hook, f'log_config.hooks[{index}]')
+    custom = cfg.get('custom_hooks')
+    for index, hook in enumerate([custom] if isinstance(custom, Mapping) else custom or []):
+        check(HOOKS, hook, f'custom_hooks[{index}]')
+    data = cfg.get('data')
+    for split in ('train', 'val') if build_data else ():
+        if isinstance(data, Mapping):
+            for spec in data.get(split) if isinstance(data.get(split), (list, tuple)) else [data.get(split)]:
+                check(DATASETS, spec, f'data.{split}')
+        loader = cfg.get(f'{split}_dataloader')
+        if isinstance(loader, Mapping):
+            check(DATASETS, loader.get('dataset'), f'{split}_dataloader.dataset')
 
 
 def _import_custom(cfg, problems, notes):
@@ -345,6 +404,8 @@ def _data(cfg, problems):
             from ..engine.builder import build_dataset
             dataset = ConcatDataset([build_dataset(d) for d in dataset])
         cfg[target] = _loader(dataset, options, shuffle)
+        if split == 'val':
+            cfg['_val_from_data'] = True
     cfg['_samples_per_gpu'] = data.get('samples_per_gpu')
 
 
@@ -361,6 +422,37 @@ def _fp16(cfg, problems):
     # mmdet's train_detector: Fp16OptimizerHook(**optimizer_config, **fp16)
     optimizer_config.update(fp16)
     cfg['optimizer_config'] = optimizer_config
+
+
+_OPTIMIZER_HOOK_DEFAULTS = dict(type='OptimizerHook', grad_clip=None, cumulative_iters=1,
+                                detect_anomalous_params=False)
+
+
+def _several_optimizers(cfg, problems, notes):
+    """Several optimizers and a model with ``train_step``: the model steps them (MMCV's GAN
+    contract), so an ``optimizer_config`` has nothing to step (mmhuman3d's HMR configs set
+    ``dict(grad_clip=None)``; MMCV's OptimizerHook fails on the dict of optimizers). One with
+    only default values is dropped with a note; one that asks for something is an error."""
+    from ..optim.constructor import is_optimizer_dict_cfg
+    from ..registry import MODELS
+    optimizer, hook_cfg = cfg.get('optimizer'), cfg.get('optimizer_config')
+    if not is_optimizer_dict_cfg(optimizer) or not isinstance(hook_cfg, Mapping):
+        return
+    model = cfg.get('model')
+    kind = model if isinstance(model, torch.nn.Module) else \
+        MODELS.module_dict.get(model.get('type')) if isinstance(model, Mapping) else None
+    if not callable(getattr(kind, 'train_step', None)):
+        return  # a plain model: the optimizer hook steps every optimizer of the dict
+    names = ', '.join(optimizer)
+    asked = {key: value for key, value in hook_cfg.items() if _OPTIMIZER_HOOK_DEFAULTS.get(key, object()) != value}
+    if asked:
+        problems.append(f'optimizer_config {asked} cannot apply: the model\'s train_step steps its several optimizers '
+                        f'({names}) itself, so no optimizer hook runs (MMCV\'s OptimizerHook fails on a dict of '
+                        'optimizers too); do it in train_step, or use one optimizer')
+        return
+    notes.append(f'optimizer_config={dict(hook_cfg)} is not used: the model\'s train_step steps its several optimizers '
+                 f'({names}) itself (MMCV\'s OptimizerHook would fail on a dict of optimizers)')
+    del cfg['optimizer_config']
 
 
 def _auto_scale_lr(cfg, problems, notes):
@@ -410,8 +502,13 @@ def _workflow(cfg, problems, notes, iter_based):
             problems.append("workflow has ('val', k) but there is no val data (data.val or val_dataloader)")
 
 
-def _evaluation(cfg, problems, notes, iter_based, build_data=True):
+def _evaluation(cfg, problems, notes, iter_based, build_data=True, mmcv_run=False):
     evaluation = cfg.get('evaluation')
+    from_data = cfg.pop('_val_from_data', False)
+    if evaluation is None and from_data and mmcv_run:
+        # The OpenMMLab train scripts validate with EvalHook(**cfg.get('evaluation', {})): the
+        # val dataset's evaluate() every epoch (every interval of iterations), also without the key.
+        evaluation = {}
     if not isinstance(evaluation, Mapping):
         return
     evaluation = dict(evaluation)
@@ -422,7 +519,8 @@ def _evaluation(cfg, problems, notes, iter_based, build_data=True):
         notes.append(f'evaluation {ignored} have no effect here (results are gathered in memory)')
     eval_kwargs = {k: evaluation.pop(k) for k in list(evaluation) if k not in _EVAL_HOOK_KEYS}
     cfg['evaluation'] = evaluation
-    if not eval_kwargs:
+    dataset_evaluates = from_data and mmcv_run and cfg.get('val_evaluator') is None
+    if not eval_kwargs and not dataset_evaluates:
         return
     if cfg.get('val_evaluator') is not None:
         problems.append(f'evaluation has dataset options {sorted(eval_kwargs)} and val_evaluator is set; keep one')
@@ -438,6 +536,10 @@ def _evaluation(cfg, problems, notes, iter_based, build_data=True):
     try:
         dataset = build_dataset(loader['dataset'])  # built once: the loader and the evaluator share it
         cfg['val_dataloader'] = {**loader, 'dataset': dataset}
+        if not eval_kwargs and not callable(getattr(dataset, 'evaluate', None)):
+            notes.append(f'data.val: {type(dataset).__name__} has no evaluate(results, ...) for MMCV\'s EvalHook; '
+                         'validation logs the model\'s own outputs')
+            return
         cfg['val_evaluator'] = DatasetEvaluator(dataset, **eval_kwargs)
     except ConfigError as exc:
         problems.append(str(exc))

@@ -15,13 +15,14 @@ refused in one line that names every such piece.
 import copy
 from collections.abc import Mapping
 
-from ..config.loader import Config, load_config
 from ..errors import ConfigError
+from .modelscope_config import load_configuration
 from .modelscope_train import checkpoint_args, evaluation_hook, follow_work_dir, logger_hook, merged_hooks
 
 # What the CLI and build_trainer use; users reach it through them (docs/api.md).
 __all__ = ['looks_like_modelscope', 'translate', 'trainer_args']
 
+MODELSCOPE_SEED = 42  # ModelScope's default seed (EpochBasedTrainer's seed=42)
 _SECTIONS = ('framework', 'task', 'pipeline', 'preprocessor', 'model', 'dataset', 'train', 'evaluation')
 _LOADER_KEYS = {'batch_size_per_gpu': 'batch_size', 'workers_per_gpu': 'num_workers', 'shuffle': 'shuffle',
                 'drop_last': 'drop_last', 'pin_memory': 'pin_memory'}
@@ -83,6 +84,7 @@ def translate(cfg, configuration=None, extras=None):
         value = out.pop(key, None)
         if extras is not None:
             extras[key] = value
+    out['seed'] = MODELSCOPE_SEED  # EpochBasedTrainer(seed=42): a configuration trains the same way each time
     out.update(cfg)  # explicit hookloop keys (work_dir from the CLI, seed, device, ...) win
     return out
 
@@ -219,6 +221,9 @@ def _lr_config(scheduler, lr_hook, cumulative_iters=1):
 
 def _evaluation_section(evaluation, out, problems, task=None):
     from .modelscope_metrics import TASK_METRICS, metric
+    # ModelScope hands it to its trainer's visualization(), which does nothing unless a trainer subclass
+    # overrides it: a documented no-op for the trainers hookloop builds.
+    evaluation.pop('visualization', None)
     if evaluation.get('val_iters_per_epoch') is not None:
         out['val_iters'] = evaluation.pop('val_iters_per_epoch')
     evaluation.pop('val_iters_per_epoch', None)
@@ -264,23 +269,18 @@ class MetricList:
 _MS_ARGUMENTS = ('use_fp16', 'train_iters_per_epoch', 'val_iters_per_epoch')
 
 
-def trainer_args(default_args):
+def trainer_args(default_args, cfg=None):
     """ModelScope's ``build_trainer`` arguments (``cfg_file``, ``cfg_modify_fn``, ``cfg_options``,
     ``model``, ``train_dataset``, ``eval_dataset``, ``data_collator``, ``optimizers``,
     ``callbacks``, ``work_dir``, ``seed``, ``max_epochs``, ``use_fp16``,
     ``train_iters_per_epoch``, ``val_iters_per_epoch``, ...) as Trainer arguments. Datasets
-    passed in take the file's ``train.dataloader`` / ``evaluation.dataloader`` options."""
+    passed in take the file's ``train.dataloader`` / ``evaluation.dataloader`` options.
+    ``cfg``: the configuration already loaded (:func:`~.modelscope_config.load_configuration`)
+    instead of ``cfg_file``."""
     args = dict(default_args)
-    cfg = Config(load_config(args.pop('cfg_file')))
-    modify = args.pop('cfg_modify_fn', None)
-    if modify is not None:
-        cfg = modify(cfg)
-        if not isinstance(cfg, Mapping):
-            raise ConfigError(f'cfg_modify_fn must return the config, got {type(cfg).__name__}')
-    cfg = Config(copy.deepcopy(dict(cfg)))
-    options = args.pop('cfg_options', None)
-    if options:
-        cfg.merge_from_dict(options)
+    if cfg is None:
+        cfg = load_configuration(args.pop('cfg_file'), args.pop('cfg_modify_fn', None),
+                                 args.pop('cfg_options', None))
     for name in ('arg_parse_fn', 'preprocessor', 'model_revision', 'samplers', 'efficient_tuners'):
         if args.get(name) is not None:
             raise ConfigError(f'ModelScope build_trainer argument {name!r} is not supported')

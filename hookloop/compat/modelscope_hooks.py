@@ -5,8 +5,8 @@ ModelScope configuration (the native API keeps hookloop's names):
   checkpoint) that names the best file as ModelScope does (``best_epoch1_accuracy0.1.pth``,
   ``best_iter20_loss0.5.pth``, or ``save_file_name``) and keeps ModelScope's inference folders
   up to date: ``<work_dir>/output/`` (after each interval checkpoint) and
-  ``<work_dir>/output_best/`` (after each new best) hold ``configuration.json`` (written
-  before training), ``pytorch_model.bin`` (the model's plain state dict, ``torch.save`` of
+  ``<work_dir>/output_best/`` (after each new best) hold ``configuration.json`` and the other
+  files of the model's ``model_dir`` (written before training), ``pytorch_model.bin`` (the model's plain state dict, ``torch.save`` of
   tensors only: it loads with ``torch.load(weights_only=True)``) and ``eval_result.txt`` (the
   latest metrics, JSON).
 * :class:`ModelScopeTextLoggerHook` — the JSON-lines log with ModelScope's keys:
@@ -19,6 +19,7 @@ ModelScope configuration (the native API keeps hookloop's names):
 import io
 import json
 import os
+import shutil
 from collections import OrderedDict
 
 import torch
@@ -78,6 +79,30 @@ def _state_dict_bytes(state):
     return buffer.getvalue()
 
 
+WEIGHT_SUFFIXES = ('.bin', '.pth', '.pt', '.safetensors', '.ckpt', '.h5', '.msgpack', '.onnx')
+
+
+def copy_model_files(trainer, folder):
+    """Copy what the model's directory holds besides its weights and its configuration (a
+    tokenizer's vocabulary, a README, ...) into ``folder``, as ModelScope's checkpoint hook does
+    for a model with a ``model_dir`` (ModelScope's ``Model`` API)."""
+    source = getattr(trainer.model, 'model_dir', None)
+    if not isinstance(source, (str, os.PathLike)) or not os.path.isdir(source) or storage.is_url(folder):
+        return
+    source = os.path.realpath(source)
+    if os.path.realpath(folder).startswith(source + os.sep):
+        return  # the output folder is inside the model directory: copying it into itself would not end
+    for name in sorted(os.listdir(source)):
+        path = os.path.join(source, name)
+        if name.startswith('.') or name == CONFIGURATION or name.lower().endswith(WEIGHT_SUFFIXES):
+            continue
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(folder, name), dirs_exist_ok=True,
+                            ignore=lambda _, names: [n for n in names if n.lower().endswith(WEIGHT_SUFFIXES)])
+        else:
+            shutil.copy2(path, os.path.join(folder, name))
+
+
 @HOOKS.register_module()
 class ModelScopeCheckpointHook(CheckpointHook):
     """``CheckpointHook`` with ModelScope's best file name and ``output/`` folders.
@@ -91,7 +116,7 @@ class ModelScopeCheckpointHook(CheckpointHook):
     """
 
     def __init__(self, output_dir='output', best_output_dir='output_best', save_file_name=None, configuration=None,
-                 **kwargs):
+                 best_dir=None, **kwargs):
         save_best, rule = kwargs.get('save_best'), kwargs.get('rule')
         super().__init__(**kwargs)
         if save_best is not None:
@@ -100,7 +125,32 @@ class ModelScopeCheckpointHook(CheckpointHook):
             if not isinstance(value, (str, os.PathLike)):
                 raise ConfigError(f'ModelScope CheckpointHook {name} must be a path, got {value!r}')
         self.output_dir, self.best_output_dir = os.fspath(output_dir), os.fspath(best_output_dir)
+        if best_dir is not None and not isinstance(best_dir, (str, os.PathLike)):
+            raise ConfigError(f'ModelScope BestCkptSaverHook save_dir must be a path, got {best_dir!r}')
+        self.best_dir = None if best_dir is None else os.fspath(best_dir)
         self.configuration = configuration
+
+    def best_directory(self, trainer):
+        """Where the best checkpoint goes: ``best_dir`` (BestCkptSaverHook's ``save_dir``, inside the
+        storage dir unless absolute), else the checkpoint directory."""
+        return storage.join(trainer.storage_dir, self.best_dir) if self.best_dir else self.checkpoint_dir(trainer)
+
+    def setup(self, trainer):
+        super().setup(trainer)
+        if self.best is not None:
+            self.best.bind(self.best_directory(trainer))
+
+    def output_dirs(self, trainer):
+        """The checkpoint directory and the inference folders (``output``, and ``output_best`` with
+        a best metric): relative ones stay inside the work dir, an absolute one is logged and locked
+        with it (``engine/preflight.py``)."""
+        dirs = super().output_dirs(trainer)
+        dirs['output'] = storage.join(trainer.storage_dir, self.output_dir)
+        if self.best is not None:
+            dirs['output_best'] = storage.join(trainer.storage_dir, self.best_output_dir)
+            if self.best_dir:
+                dirs['best checkpoint'] = self.best_directory(trainer)
+        return dirs
 
     def before_run(self, trainer):
         super().before_run(trainer)
@@ -112,6 +162,10 @@ class ModelScopeCheckpointHook(CheckpointHook):
             folder = storage.join(trainer.storage_dir, folder)
             storage.makedirs(folder)
             atomic_write(storage.join(folder, CONFIGURATION), lambda f: f.write(text.encode()))
+            if self.copies_model_files:
+                copy_model_files(trainer, folder)
+
+    copies_model_files = True  # ModelScope's output/ has the model directory's other files too
 
     def _save(self, trainer, filename):
         super()._save(trainer, filename)
@@ -124,7 +178,10 @@ class ModelScopeCheckpointHook(CheckpointHook):
         def write(path, on_disk):
             self._write(trainer, path, update_last=False, on_disk=on_disk)
             self._export(trainer, self.best_output_dir)
-        self.best.update(trainer, self.directory, filename, write)
+        directory = self.best_directory(trainer)
+        if directory != self.directory and trainer.rank == 0:
+            storage.makedirs(directory)
+        self.best.update(trainer, directory, filename, write)
 
     def _export(self, trainer, folder):
         if trainer.rank != 0:
@@ -158,9 +215,9 @@ class ModelScopeTextLoggerHook(TextLoggerHook):
         super().log(trainer, record)
 
     def _write_json(self, record):
-        if 'mode' in record:
-            record = modelscope_record(record, self._iters_per_epoch)
-        super()._write_json(record)
+        if 'mode' not in record:
+            return  # hookloop's first line (seed, work dir): ModelScope's log has records only
+        super()._write_json(modelscope_record(record, self._iters_per_epoch))
 
 
 @HOOKS.register_module()

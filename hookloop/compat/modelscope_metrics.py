@@ -180,6 +180,8 @@ STANDARD = {
 TASK_METRICS = {task: ['seq-cls-metric'] for task in ('text-classification', 'sentence-similarity', 'nli',
                                                      'sentiment-classification')}
 TASK_METRICS.update({task: ['accuracy'] for task in ('image-captioning', 'visual-question-answering')})
+# hookloop's choice where ModelScope names none: the mean denoising loss of the eval set
+TASK_METRICS['text-to-image-synthesis'] = ['loss-metric']
 
 
 def is_modelscope_metric(obj):

@@ -66,6 +66,8 @@ def merged_hooks(ms, problems):
         else:
             by_type[kind] = dict(type=kind, **values)
             hooks.append(by_type[kind])
+    for hook in [h for h in hooks if h['type'] == 'EvaluationHook' and 'save_best_ckpt' in h]:
+        _best_from_evaluation_hook(hook, by_type, hooks)
     for kind, chain in SECTIONS:
         section = _section(ms, chain)
         if section is None:
@@ -80,6 +82,20 @@ def merged_hooks(ms, problems):
             by_type[kind] = dict(type=kind, **section)
             hooks.append(by_type[kind])
     return hooks
+
+
+def _best_from_evaluation_hook(hook, by_type, hooks):
+    """ModelScope's older ``EvaluationHook(save_best_ckpt=True, monitor_key=..., rule=..., out_dir=...)``
+    keeps the best checkpoint itself; it is the ``BestCkptSaverHook`` of the same values."""
+    save = hook.pop('save_best_ckpt')
+    best = {'metric_key': hook.pop('monitor_key', None), 'rule': hook.pop('rule', 'max')}
+    if hook.get('out_dir') is not None:
+        best['save_dir'] = hook.pop('out_dir')
+    hook.pop('out_dir', None)
+    if not save or 'BestCkptSaverHook' in by_type:
+        return
+    by_type['BestCkptSaverHook'] = dict(type='BestCkptSaverHook', **{k: v for k, v in best.items() if v is not None})
+    hooks.append(by_type['BestCkptSaverHook'])
 
 
 def _by_epoch(hook, default=True):
@@ -146,8 +162,7 @@ def checkpoint_args(hooks, problems):
             hook.pop(key, None)  # ModelScope ignores them: the best follows the evaluation
         best_dir = hook.pop('save_dir', None)
         if best_dir is not None and best_dir != out.get('out_dir'):
-            problems.append(f'BestCkptSaverHook save_dir {best_dir!r} differs from the CheckpointHook\'s '
-                            f'{out.get("out_dir")!r} (hookloop saves both in one directory)')
+            out['best_dir'] = best_dir  # the best checkpoint goes there, the interval ones stay where they are
         if 'metric_key' not in hook:
             problems.append('BestCkptSaverHook needs a metric_key')
         if hook.pop('restore_best', False):

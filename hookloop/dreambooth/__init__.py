@@ -1,7 +1,8 @@
 """DreamBooth fine-tuning: the ``dreambooth_diffusion`` trainer and its two back-ends.
 
 Importing this package registers ``dreambooth_diffusion`` in ``TRAINERS``, the back-ends
-``TinyDiffusion`` and ``DiffusersDreamBooth`` in ``MODELS`` and ``SavePipelineHook`` and
+``TinyDiffusion``, ``DiffusersDreamBooth`` and ModelScope's ``stable-diffusion``
+(``ModelScopeStableDiffusion``) in ``MODELS``, ``ImageCaptionRows`` in ``DATASETS`` and ``SavePipelineHook`` and
 ``ValidationImagesHook`` in ``HOOKS``. diffusers, transformers and peft are imported only
 when the diffusers back-end is built.
 
@@ -15,7 +16,9 @@ May import: ``engine`` and everything below it; not ``compat``, ``commands`` or 
 """
 from .dataset import DreamBoothDataset, collate_dreambooth
 from .diffusers_backend import DiffusersDreamBooth
+from .image_rows import ImageCaptionRows
 from .loss import PriorPreservationLoss
+from .modelscope_model import ModelScopeStableDiffusion
 from .noise_schedule import DDPMSchedule
 from .save_pipeline_hook import SavePipelineHook
 from .validation import ValidationImagesHook
@@ -24,5 +27,5 @@ from .toy import ToyClassSamples, ToySubjectSamples, pretrain_toy_model
 from .trainer import DreamBoothDiffusionTrainer
 
 __all__ = ['DreamBoothDiffusionTrainer', 'DreamBoothDataset', 'collate_dreambooth', 'DiffusersDreamBooth',
-           'PriorPreservationLoss', 'DDPMSchedule', 'SavePipelineHook', 'ValidationImagesHook', 'TinyDiffusion', 'ToyClassSamples',
+           'PriorPreservationLoss', 'DDPMSchedule', 'ImageCaptionRows', 'ModelScopeStableDiffusion', 'SavePipelineHook', 'ValidationImagesHook', 'TinyDiffusion', 'ToyClassSamples',
            'ToySubjectSamples', 'pretrain_toy_model']

@@ -60,7 +60,7 @@ def random_crop_box(width, height, size):
 
 
 def image_to_tensor(image, resolution, channels=3, center_crop=True, random_flip=False,
-                    interpolation='bilinear'):
+                    interpolation='bilinear', normalize=None):
     """A PIL image as diffusers' DreamBooth scripts prepare it: EXIF orientation applied,
     converted to RGB (or grey), resized as torchvision's ``Resize(resolution)`` with the
     PIL filter of ``interpolation`` (one of :data:`INTERPOLATION_MODES`; an image whose
@@ -68,7 +68,10 @@ def image_to_tensor(image, resolution, channels=3, center_crop=True, random_flip
     ``RandomCrop`` (``center_crop``), mirrored with probability 1/2 (``random_flip``); a
     ``(channels, resolution, resolution)`` float tensor in [-1, 1]. Random draws use the
     global torch RNG in the order and form of torchvision's ``RandomCrop`` and
-    ``RandomHorizontalFlip`` (restored on resume)."""
+    ``RandomHorizontalFlip`` (restored on resume). ``normalize=(mean, std)`` (per-channel
+    sequences, or one value for every channel) gives torchvision's ``ToTensor`` +
+    ``Normalize(mean, std)`` arithmetic instead, ``(x / 255 - mean) / std`` (ModelScope's
+    preprocessors: mean = std = 0.5 is [-1, 1] too, rounded differently)."""
     from PIL import Image, ImageOps
     image = ImageOps.exif_transpose(image)
     image = image.convert('L' if channels == 1 else 'RGB')
@@ -83,7 +86,10 @@ def image_to_tensor(image, resolution, channels=3, center_crop=True, random_flip
         image = image.transpose(Image.FLIP_LEFT_RIGHT)
     data = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
     data = data.view(image.size[1], image.size[0], channels).permute(2, 0, 1)
-    return data.float() / 127.5 - 1.0
+    if normalize is None:
+        return data.float() / 127.5 - 1.0
+    mean, std = (torch.as_tensor(values, dtype=torch.float32).reshape(-1, 1, 1) for values in normalize)
+    return (data.float().div(255) - mean) / std
 
 
 def follow_umask(directory):

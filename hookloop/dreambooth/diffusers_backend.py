@@ -284,18 +284,21 @@ class DiffusersDreamBooth(nn.Module):
                                   device=latents.device)
         noisy = self.noise_scheduler.add_noise(latents, noise, timesteps)
         prediction = self.unet(noisy, timesteps, self.encode_prompts(prompts, latents.device)).sample
-        kind = self.noise_scheduler.config.prediction_type
-        if kind == 'epsilon':
-            target = noise
-        elif kind == 'v_prediction':
-            target = self.noise_scheduler.get_velocity(latents, noise, timesteps)
-        else:
-            raise ConfigError(f'DiffusersDreamBooth: unsupported scheduler prediction_type {kind!r}')
-        outputs = {'model_pred': prediction, 'target': target}
+        outputs = {'model_pred': prediction, 'target': self.training_target(latents, noise, timesteps)}
         if self.snr_gamma is not None:
             outputs['sample_weight'] = min_snr_weights(self.noise_scheduler.alphas_cumprod, timesteps,
-                                                     self.snr_gamma, kind)
+                                                     self.snr_gamma, self.noise_scheduler.config.prediction_type)
         return outputs
+
+    def training_target(self, latents, noise, timesteps):
+        """What the UNet learns to predict, as the scheduler's ``prediction_type`` says: the noise
+        (``epsilon``) or the velocity (``v_prediction``)."""
+        kind = self.noise_scheduler.config.prediction_type
+        if kind == 'epsilon':
+            return noise
+        if kind == 'v_prediction':
+            return self.noise_scheduler.get_velocity(latents, noise, timesteps)
+        raise ConfigError(f'{type(self).__name__}: unsupported scheduler prediction_type {kind!r}')
 
     def pipeline(self):
         """A ``StableDiffusionPipeline`` over the current parts (the UNet as trained; a freed
@@ -349,15 +352,24 @@ class DiffusersDreamBooth(nn.Module):
             self.pipeline().save_pretrained(directory, safe_serialization=True)
             follow_umask(directory)
             return
+        self.save_lora_weights(directory)
+
+    def save_lora_weights(self, directory, safe_serialization=True, dtype=None):
+        """The LoRA adapters in diffusers' format (``pytorch_lora_weights.safetensors``, or
+        ``.bin`` without ``safe_serialization``), as ``dtype`` (default float32). The adapter
+        config (rank, alpha, targets) goes into the safetensors metadata, without which a reload
+        falls back to alpha = rank; a ``.bin`` file has no metadata."""
         from diffusers import StableDiffusionPipeline
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
 
         def adapter(part):
             state = convert_state_dict_to_diffusers(get_peft_model_state_dict(part))
-            return {k: v.detach().float().cpu().contiguous() for k, v in state.items()}
+            return {k: v.detach().to(dtype or torch.float32).cpu().contiguous() for k, v in state.items()}
 
-        def metadata(part):  # without it a reload falls back to alpha = rank
+        def metadata(part):
+            if not safe_serialization:
+                return None
             config = part.peft_config['default'].to_dict()
             return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 
@@ -367,7 +379,7 @@ class DiffusersDreamBooth(nn.Module):
             text_encoder_lora_layers=adapter(self.text_encoder) if text else None,
             unet_lora_adapter_metadata=metadata(self.unet),
             text_encoder_lora_adapter_metadata=metadata(self.text_encoder) if text else None,
-            safe_serialization=True)
+            safe_serialization=safe_serialization)
         follow_umask(directory)
 
 

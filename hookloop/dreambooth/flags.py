@@ -77,11 +77,35 @@ FLAGS = {
     'validation_images': ('unsupported', 'for image-conditioned pipelines (variation, super-resolution) only'),
     'class_labels_conditioning': ('unsupported', 'for DeepFloyd IF UNets only'),
     'rank': ('spelt', 'lora=dict(rank=N) (alpha defaults to the rank, as diffusers)'),
+    'lora_dropout': ('spelt', 'lora=dict(dropout=P)'),
     'image_interpolation_mode': ('same', 'image_interpolation_mode (lanczos by default with lora)'),
 }
 
+# The arguments of ModelScope's 'dreambooth-diffusion' / 'lora-diffusion' trainers (and of its
+# EpochBasedTrainer) that dreambooth_diffusion does not take: each one is refused with what to
+# write instead, never dropped (ModelScope's trainers themselves: build_trainer(name='dreambooth-diffusion')).
+_MODELSCOPE = "; for ModelScope's meaning use build_trainer(name='dreambooth-diffusion', ...)"
+MODELSCOPE_ARGUMENTS = {
+    'train_dataset': 'instance_data_dir=DIR or instance_data=<images> with one instance_prompt for them all '
+                     "(ModelScope's rows with their own captions: name='dreambooth-diffusion')",
+    'eval_dataset': 'validation=dict(prompts=[...]) for validation images' + _MODELSCOPE,
+    'cfg_file': 'the trainer arguments themselves (optimizer=, max_iters=, lr_config=, ...)' + _MODELSCOPE,
+    'cfg_modify_fn': 'the trainer arguments themselves (optimizer=, max_iters=, lr_config=, ...)' + _MODELSCOPE,
+    'cfg_options': 'the trainer arguments themselves, or hookloop train CONFIG --cfg-options a.b=VALUE',
+    'torch_type': "optimizer_config=dict(precision='fp16'|'bf16') (the frozen weights are cast to it)",
+    'safe_serialization': 'nothing: the pipeline is written with safetensors' + _MODELSCOPE,
+    'model_revision': "model=dict(type='DiffusersDreamBooth', pretrained_model_name_or_path=DIR, revision=...)",
+    'lora_rank': 'lora=dict(rank=N) (alpha defaults to the rank)',
+    'prompt': "validation=dict(prompts=[...]) (ModelScope's examples use it after training only)",
+    'data_collator': 'nothing: the trainer collates its own batches' + _MODELSCOPE,
+    'preprocessor': 'resolution=, center_crop=, random_flip=, image_interpolation_mode=',
+    'optimizers': 'optimizer= (a built one or a dict) and lr_config=',
+    'callbacks': 'custom_hooks=[...]',
+    'use_fp16': "optimizer_config=dict(precision='fp16')",
+}
+
 # Flags the trainer takes under their diffusers name although they are not its arguments.
-FOREIGN = [name for name, (kind, _) in FLAGS.items() if kind != 'same']
+FOREIGN = [name for name, (kind, _) in FLAGS.items() if kind != 'same'] + list(MODELSCOPE_ARGUMENTS)
 
 
 _ADAM = {'learning_rate': 'lr', 'adam_weight_decay': 'weight_decay', 'adam_epsilon': 'eps'}
@@ -103,10 +127,13 @@ def take_diffusers_flags(kwargs, train_dataloader=None):
     ``train_dataloader``); every other one is a ConfigError naming hookloop's spelling.
     ``kwargs`` is checked whole before any change, so one error names the first offending flag."""
     for name in [name for name in FOREIGN if name in kwargs]:
-        if kwargs[name] is None or (kwargs[name] is False and FLAGS[name][0] == 'unsupported'):
+        if kwargs[name] is None or (kwargs[name] is False and FLAGS.get(name, ('',))[0] == 'unsupported'):
             del kwargs[name]  # a ported config's unset flag, or an unsupported switch left off: nothing to do
     given = [name for name in FOREIGN if name in kwargs]
     for name in given:
+        if name in MODELSCOPE_ARGUMENTS:
+            raise ConfigError(f"dreambooth_diffusion: ModelScope's {name}= is not an argument here; write "
+                              f'{MODELSCOPE_ARGUMENTS[name]}')
         kind, text = FLAGS[name]
         if kind == 'spelt':
             raise ConfigError(f"dreambooth_diffusion: diffusers' --{name} is spelt {text} here")

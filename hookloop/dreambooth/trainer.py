@@ -16,13 +16,13 @@ import torch
 from ..checkpoint.rng import get_rng_state, set_rng_state
 from ..engine.arguments import import_custom_modules
 from ..engine.builder import build_model
-from ..data.resumable import ResumableBatchSampler, mix_seed, seed_everything
-from ..dist.process_group import is_distributed
+from ..data.resumable import ResumableBatchSampler, seed_everything
 from ..errors import ConfigError
-from ..registry import TRAINERS, check_call_arguments
+from ..registry import TRAINERS, closest_names
 from ..engine.trainer import Trainer
 from . import arguments
-from .dataset import DreamBoothDataset, check_interpolation, collate_dreambooth, list_samples
+from .class_images import fill_class_samples
+from .dataset import DreamBoothDataset, check_interpolation, collate_dreambooth
 from .flags import DEFAULT_CHECKPOINT_INTERVAL, take_diffusers_flags, with_foreign_flags
 from .loss import PriorPreservationLoss
 from .validation import ValidationCollate, ValidationPrompts, check_validation
@@ -35,6 +35,10 @@ _TRAINER_ARGS = [name for name in inspect.signature(Trainer.__init__).parameters
 @TRAINERS.register_module(module_name=['dreambooth_diffusion', 'DreamBoothDiffusionTrainer'])
 class DreamBoothDiffusionTrainer(Trainer):
     """DreamBooth: teach a text-to-image model a subject from a few images.
+
+    Every keyword must be one of its arguments (or an MMCV config key): ``build_trainer`` takes
+    no helper variables for it (``strict_arguments``), and ModelScope's argument names are
+    refused with what to write instead (ModelScope's own trainer: ``'dreambooth-diffusion'``).
 
     Args:
         model: a back-end module, a config dict (``dict(type='TinyDiffusion', ...)`` or
@@ -93,6 +97,8 @@ class DreamBoothDiffusionTrainer(Trainer):
     script uses them (docs/dreambooth.md, "Randomness").
     """
 
+    strict_arguments = True
+
     @with_foreign_flags
     def __init__(self, model=None, instance_prompt=None, instance_data_dir=None, instance_data=None,
                  class_prompt=None, with_prior_preservation=False, prior_loss_weight=1.0,
@@ -115,8 +121,13 @@ class DreamBoothDiffusionTrainer(Trainer):
         import_custom_modules(kwargs.get('custom_imports'))  # they may register the back-end the model config names
         if image_interpolation_mode is not None:
             check_interpolation(image_interpolation_mode)
-        if any(key not in _TRAINER_ARGS for key in kwargs):  # a clear error naming the argument
-            check_call_arguments(Trainer.__init__, {'model': model, **kwargs}, what='dreambooth_diffusion')
+        unknown = [key for key in kwargs if key not in _TRAINER_ARGS]
+        if unknown:  # a clear error naming the argument and the closest of the trainer's own and Trainer's
+            own = [n for n, p in inspect.signature(DreamBoothDiffusionTrainer.__init__).parameters.items()
+                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != 'self']
+            hint = closest_names(unknown[0], own + _TRAINER_ARGS)
+            raise ConfigError(f'dreambooth_diffusion got an unexpected argument {unknown[0]!r}'
+                              + (f'; did you mean {", ".join(map(repr, hint))}?' if hint else ''))
         if 'loss_fn' in kwargs:
             raise ConfigError('dreambooth_diffusion sets its own loss (instance + prior_loss_weight * prior); '
                               'do not pass loss_fn')
@@ -272,45 +283,12 @@ class DreamBoothDiffusionTrainer(Trainer):
         self.generate_class_images()
         return super().train()
 
-    @torch.no_grad()
     def generate_class_images(self):
         """Fill ``class_data_dir`` up to ``num_class_images`` samples drawn from the frozen
-        model with the class prompt. Existing samples are reused; the global RNG is not
-        touched (each batch has its own generator seeded from the run's seed and the
-        sample index), so generating or reusing leaves training unchanged. Under torchrun
-        the batches are split across ranks (batch b on rank b mod world size), each rank
-        writes its own, and all wait for the last."""
+        model with the class prompt (:func:`~hookloop.dreambooth.class_images.fill_class_samples`:
+        existing samples are reused, the global RNG is not touched, batches are split across ranks)."""
         if not self.with_prior_preservation:
             return
-        if self.rank == 0:
-            os.makedirs(self.class_data_dir, exist_ok=True)
-        if is_distributed():
-            torch.distributed.barrier()  # the directory exists, and every rank lists the same files
-        existing = list_samples(self.class_data_dir)
-        missing = self.num_class_images - len(existing)
-        if missing <= 0:
-            self.logger.info('reusing %d class samples in %s', len(existing), self.class_data_dir)
-        else:
-            self.logger.info('generating %d class samples for %r in %s (%d ranks)', missing, self.class_prompt,
-                             self.class_data_dir, self.world_size)
-            taken = {os.path.splitext(os.path.basename(p))[0] for p in existing}
-            names, index = [], 0
-            while len(names) < missing:  # the free names, the same on every rank
-                if f'class_{index:05d}' not in taken:
-                    names.append(f'class_{index:05d}')
-                index += 1
-            was_training = self.model.training
-            self.model.eval()
-            for batch, start in enumerate(range(0, missing, self.sample_batch_size)):
-                if batch % self.world_size != self.rank:
-                    continue
-                count = min(self.sample_batch_size, missing - start)
-                generator = torch.Generator().manual_seed(mix_seed(self.seed, len(existing) + start))
-                samples = self.model.generate([self.class_prompt] * count, generator=generator,
-                                             resolution=self.resolution)
-                for name, sample in zip(names[start:start + count], samples):
-                    self.model.save_sample(sample, os.path.join(self.class_data_dir, name))
-            self.model.train(was_training)
-        if is_distributed():
-            torch.distributed.barrier()
+        fill_class_samples(self.model, self.class_data_dir, self.class_prompt, self.num_class_images, self.seed,
+                           self.sample_batch_size, self.resolution, self.rank, self.world_size, self.logger)
         self.dreambooth_dataset.refresh_class_samples()

@@ -14,11 +14,10 @@ import torch
 
 from .. import __version__
 from ..checkpoint.async_writer import AsyncCheckpointWriter
-from ..checkpoint import gate
-from ..checkpoint.finite_state import FiniteBaseline, check_finite_state
+from ..checkpoint.finite_state import check_finite_state
 from ..checkpoint.format import load_checkpoint
 from ..checkpoint.format import write_checkpoint as write_checkpoint_file
-from ..checkpoint.restore_checks import check_optimizer_fits
+from ..checkpoint.restore_checks import check_optimizer_fits, position_disagreement
 from ..checkpoint.resume_position import is_count, refuse
 from ..checkpoint.resume_changes import apply_optimizer_changes, config_differences, describe
 from ..checkpoint.resume_search import find_resumable, load_verified
@@ -33,6 +32,7 @@ from ..optim.param_groups import set_value  # the param groups' one writer (a re
 from . import elastic_resume, resume_request
 from .builder import build_optimizer
 from .preflight import hook_output_dirs
+from .weight_gate import WeightGate
 from .runner_names import model_meta, revise_state_keys
 
 
@@ -50,63 +50,27 @@ def plain(value):
     return repr(value)
 
 
-class Checkpointer:
+class Checkpointer(WeightGate):
     """Builds, writes and restores the trainer's checkpoints.
 
     ``optimizer_cfg``: the optimizer's config dict (None when the user built the optimizer), from
     which a resume with another optimizer config rebuilds the fresh param groups.
     ``async_writer``: the background writer of asynchronous saves, made on first use (None before).
-    ``baseline``: what was non-finite by design when the run started
-    (:class:`~hookloop.checkpoint.finite_state.FiniteBaseline`; None before a run).
+    The weights gate's entry points (``export_file``, ``export_directory``, the run's ``baseline``)
+    come from :class:`~hookloop.engine.weight_gate.WeightGate`.
     """
 
     def __init__(self, trainer, optimizer_cfg=None):
-        self._trainer = trainer
+        super().__init__(trainer)
         self._optimizer_cfg = optimizer_cfg
         self.async_writer = None
-        self.baseline = self._baseline_model = None
-
-    # -- the finite check's baseline ------------------------------------------------------------
-    def take_baseline(self):
-        """Note what of the state is non-finite now, as the run starts (after ``before_run``:
-        a causal mask's ``-inf``, a hook's ``best = inf``): saves and exports accept those
-        values where they are, and refuse any other NaN/inf. Taken once per model: a later
-        ``train()`` of the same trainer keeps the first run's baseline."""
-        t = self._trainer
-        if self.baseline is None or self._baseline_model is not t.model:
-            self.baseline, self._baseline_model = FiniteBaseline.of(t.state_dict()), t.model
-            gate.remember_baseline(t.model, self.baseline)
-            if self.baseline:
-                t.logger.debug('non-finite by design at the start (saves keep them as they are): %s',
-                               ', '.join(self.baseline.names()))
-        return self.baseline
-
-    def export_file(self, path, write, state):
-        """Write one file of trained weights through the gate (``hookloop/checkpoint/gate.py``):
-        ``state`` (a mapping, possibly nested, of the tensors the file holds, e.g.
-        ``model.state_dict()``) is checked for NaN/inf beyond the run's baseline (one-line
-        ``InvalidLossError``, nothing written), then ``write(fileobj)`` writes the bytes to a
-        temporary that gets its checksum sidecar and is renamed into place. ``path``: relative to
-        the work dir, or an absolute path / URL. No collective: rank 0 alone may call it.
-        Returns the written path."""
-        path = self._trainer.workspace.join(path)
-        gate.check_weights(state, path, self.take_baseline())
-        storage.makedirs(storage.dirname(path))
-        return gate.write_file(path, write, 'weights')
-
-    def export_directory(self, path, write, state):
-        """Like :meth:`export_file` for a whole directory: ``write(tmp_dir)`` fills a temporary
-        sibling of ``path`` (e.g. ``lambda d: pipe.save_pretrained(d)``), each file gets its
-        checksum sidecar, and the directory is swapped into place. Returns the written path."""
-        path = self._trainer.workspace.join(path)
-        gate.check_weights(state, path, self.take_baseline())
-        return gate.write_directory(path, write, 'weights directory')
 
     # -- building and writing ---------------------------------------------------------------
     def state_dict(self, save_optimizer=True, save_frozen=True):
         """Everything exact resume needs, as tensors and plain containers. With
         ``save_frozen=False`` the weights are only the trained ones (``hookloop.checkpoint.trained_state``)."""
         t = self._trainer
+        trained = self.trained_state(save_optimizer)
         checkpoint = {
             'meta': {**t.position.state_dict(), 'seed': t.seed,
                      **elastic_resume.position_meta(t, t.position.resume_point()[2]),
@@ -115,14 +79,14 @@ class Checkpointer:
                      'time': time.strftime('%Y-%m-%d %H:%M:%S'),
                      'config': plain(t.cfg) if t.cfg is not None else None,
                      **plain(model_meta(t.model))},
-            'state_dict': t.model.state_dict(),
-            'hooks': {hook.name: hook.state_dict() for hook in t.hooks if hasattr(hook, 'state_dict')},
+            'state_dict': trained['state_dict'],
+            'hooks': trained['hooks'],
             'rng': get_rng_state(),
         }
         if t.train_dataloader is not None:  # the data position, taken with the weights
             checkpoint['data'] = t.train_stream.state_dict()
-        if save_optimizer and t.optimizer is not None:
-            checkpoint['optimizer'] = t.optimizer.state_dict()
+        if 'optimizer' in trained:
+            checkpoint['optimizer'] = trained['optimizer']
         if not save_frozen:
             checkpoint['state_dict'] = trained_state_dict(t.model)
             checkpoint['meta']['frozen'] = frozen_meta(t.model)
@@ -295,6 +259,9 @@ class Checkpointer:
                 detail = ' '.join(line.strip() for line in str(exc).strip().splitlines()[:2])
                 raise CheckpointError(f'{path!r} does not fit this model/optimizer: {detail}') from None
         meta = checkpoint['meta']
+        swapped = position_disagreement(path, meta)
+        if swapped:
+            t.logger.warning('%s', swapped)
         if is_sharded_checkpoint(path):
             point = elastic_resume.plan(t, meta, path)
         changes = self.config_changes(meta, point.iter)

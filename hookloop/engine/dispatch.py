@@ -77,7 +77,7 @@ class HookDispatch:
             self._dispatch = {stage: [self._timed(h, stage) if self.profile_hooks else getattr(h, stage)
                                       for h in hooks]
                               for stage, hooks in table.items()}
-            self._iteration_stages = iteration_stages(table, self._dispatch, self._call_each)
+            self._iteration_stages = iteration_stages(table, self._dispatch)
         return self._hook_list.stage_table()
 
     def _setup_hooks(self):

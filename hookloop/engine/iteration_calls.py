@@ -16,6 +16,7 @@ is called at every iteration, and answers are asked again whenever they may have
 (after each call of the hook, at an epoch's start, after ``trainer.replan``, a resume or a
 validation).
 """
+import weakref
 from numbers import Integral
 
 from ..errors import ConfigError
@@ -26,13 +27,13 @@ class IterationStage:
     """The hooks of one iteration stage, in run order, with when each is due.
 
     ``methods`` are the bound methods the trainer dispatches (wrapped when hooks are
-    profiled), ``hooks`` their hooks. ``call_each(methods, stage)`` is the trainer's caller
+    profiled), ``hooks`` their hooks; they are called through the trainer's ``_call_each``
     (it adds the hook and stage to a user error). ``partner`` is the other iteration stage:
     a hook's call at one stage asks its other stage again (what it did may move that one).
     """
 
-    def __init__(self, stage, hooks, methods, call_each):
-        self.stage, self.hooks, self.methods, self._call_each = stage, list(hooks), list(methods), call_each
+    def __init__(self, stage, hooks, methods):
+        self.stage, self.hooks, self.methods = stage, list(hooks), list(methods)
         self._scheduled = [not hook_blind_spots(hook) for hook in self.hooks]  # may they skip iterations
         self.due = [None] * len(self.hooks)  # per hook: None = every iteration, else an iteration or NEVER
         self.every = list(self.methods)       # the methods called at every iteration
@@ -43,8 +44,9 @@ class IterationStage:
         self.partner, self._partner_index = None, [None] * len(self.hooks)
 
     def pair(self, other):
-        """Make ``self`` and ``other`` (the two iteration stages) partners."""
-        self.partner, other.partner = other, self
+        """Make ``self`` and ``other`` (the two iteration stages) partners (weakly: the trainer holds
+        both, and no cycle may keep a dropped trainer's hooks alive)."""
+        self.partner, other.partner = weakref.proxy(other), weakref.proxy(self)
         for a, b in ((self, other), (other, self)):
             a._partner_index = [next((j for j, h in enumerate(b.hooks) if h is hook), None) for hook in a.hooks]
 
@@ -85,11 +87,11 @@ class IterationStage:
             for index in range(first, len(self.methods)):
                 method, due = self.methods[index], self.due[index]
                 if due is None:
-                    self._call_each((method,), self.stage)
+                    trainer._call_each((method,), self.stage)
                 elif due <= iteration:
                     self.due[index] = NEVER  # a wake() from inside the call lowers it again
                     self._woken.discard(index)
-                    self._call_each((method,), self.stage)
+                    trainer._call_each((method,), self.stage)
                     self.due[index] = min(self._ask(trainer, index, iteration + 1), self.due[index])
                     other = self._partner_index[index]
                     if other is not None and partner.due[other] is not None:
@@ -151,9 +153,9 @@ class IterationStage:
         self.next_due = min([due for due in self.due if due is not None], default=NEVER)
 
 
-def iteration_stages(table, dispatch, call_each):
+def iteration_stages(table, dispatch):
     """``{stage: IterationStage}`` for the two training-iteration stages, paired."""
-    stages = {stage: IterationStage(stage, table[stage], dispatch[stage], call_each) for stage in ITERATION_STAGES}
+    stages = {stage: IterationStage(stage, table[stage], dispatch[stage]) for stage in ITERATION_STAGES}
     stages['before_train_iter'].pair(stages['after_train_iter'])
     return stages
 

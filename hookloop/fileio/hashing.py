@@ -28,6 +28,9 @@ PIECE = 1 << 18  # a large read is made and hashed by pieces of this size (L2-si
 GAP = 1 << 16  # bytes a reader skips that are hashed at once (larger gaps wait for the end)
 
 
+PACKAGES = {'xxh128': 'xxhash'}  # algorithm -> the package that computes it (hashlib's are always there)
+
+
 def available(algorithm):
     return algorithm == 'sha256' or (algorithm == 'xxh128' and xxhash is not None)
 
@@ -37,7 +40,24 @@ def default_algorithm():
     return 'xxh128' if xxhash is not None else 'sha256'
 
 
+class Digests:
+    """Several hashes fed the same bytes: ``hexdigest()`` is ``{algorithm: hex digest}``."""
+
+    def __init__(self, algorithms):
+        self._hashes = {algorithm: new_hash(algorithm) for algorithm in algorithms}
+
+    def update(self, data):
+        for digest in self._hashes.values():
+            digest.update(data)
+
+    def hexdigest(self):
+        return {algorithm: digest.hexdigest() for algorithm, digest in self._hashes.items()}
+
+
 def new_hash(algorithm):
+    """A hash object for ``algorithm``; for a tuple of algorithms a :class:`Digests`."""
+    if isinstance(algorithm, tuple):
+        return Digests(algorithm)
     if algorithm == 'xxh128':
         if xxhash is None:
             raise ImportError('the xxhash package is not installed (pip install xxhash)')
@@ -53,14 +73,21 @@ def sidecar_line(digest, name):
 
 
 def parse_sidecar(data):
-    """The hex digest of a sidecar's bytes; ValueError when it is not one."""
-    digest = data.split()[0].decode('ascii')
+    """``(hex digest, file name)`` of a sidecar's bytes: one line ``<hex>  <name>`` (or
+    ``<hex> *<name>``, the ``*sum`` tools' binary mode); ValueError when it is not one."""
+    lines = data.decode('utf-8').splitlines()
+    if len(lines) != 1:
+        raise ValueError('a sidecar holds one line')
+    digest, _, name = lines[0].partition(' ')
     int(digest, 16)
-    return digest.lower()
+    name = name[1:] if name.startswith((' ', '*')) else name
+    if not name:
+        raise ValueError('the sidecar names no file')
+    return digest.lower(), name
 
 
 def digest_stream(file, algorithm, chunk=CHUNK):
-    """Hex digest of what is left to read of a binary file object."""
+    """Hex digest of what is left to read of a binary file object (``{algorithm: hex}`` for a tuple)."""
     digest = new_hash(algorithm)
     for block in iter(lambda: file.read(chunk), b''):
         digest.update(block)
@@ -119,7 +146,7 @@ class HashingReader(io.RawIOBase):
 
     def __init__(self, file, algorithm):
         super().__init__()
-        self._file, self._hash, self.algorithm = file, new_hash(algorithm), algorithm
+        self._file, self._hash, self.algorithm = file, new_hash(algorithm), algorithm  # (a tuple: several)
         self._hashed = 0                      # bytes [0, _hashed) are in the hash
         self._pos = file.tell()
 
@@ -180,7 +207,8 @@ class HashingReader(io.RawIOBase):
         self._file.seek(self._pos)
 
     def finish(self):
-        """Hash whatever the reader did not read in order, to the end of the file; the hex digest."""
+        """Hash whatever the reader did not read in order, to the end of the file; the hex digest
+        (``{algorithm: hex}`` for a tuple of algorithms)."""
         self._file.seek(self._hashed)
         for block in iter(lambda: self._file.read(CHUNK), b''):
             self._hash.update(block)
@@ -189,5 +217,5 @@ class HashingReader(io.RawIOBase):
         return self._hash.hexdigest()
 
 
-__all__ = ['SUFFIXES', 'NAMES', 'available', 'default_algorithm', 'new_hash', 'sidecar_line', 'parse_sidecar',
+__all__ = ['SUFFIXES', 'NAMES', 'PACKAGES', 'Digests', 'available', 'default_algorithm', 'new_hash', 'sidecar_line', 'parse_sidecar',
            'digest_stream', 'digest_bytes', 'HashingWriter', 'HashingReader']

@@ -101,7 +101,11 @@ class EvaluationHook(Hook):
     def _keep_best(self, trainer, filename):
         if self.best is not None:
             self.best.update(trainer, trainer.storage_dir, filename,
-                             lambda path, on_disk: trainer.save_checkpoint(path, update_last=False, on_disk=on_disk))
+                             lambda path, on_disk: self._save_best(trainer, path, on_disk))
+
+    def _save_best(self, trainer, path, on_disk):
+        """Write the new best checkpoint (``self.best`` already holds its score and path)."""
+        trainer.save_checkpoint(path, update_last=False, on_disk=on_disk)
 
     def run_summary(self, trainer):
         return self.best.run_summary(trainer) if self.best is not None else {}

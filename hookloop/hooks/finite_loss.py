@@ -70,6 +70,7 @@ class FiniteLossGuard(Hook):
 
     def after_run(self, trainer):
         trainer.meters.remove_listener(self._listener)
+        self._listener = None  # (it holds the trainer: no cycle left, a dropped trainer is freed at once)
 
     def _look(self, trainer, summary):
         """A new summary (a log event): if it holds a bad loss, stop at the next iteration,

@@ -121,6 +121,7 @@ class PreemptionHook(Hook):
                                     self.received or 'signal on another rank', path, epoch, it)
         finally:
             self._restore()
+            self._trainer = None  # (no cycle left through the trainer: a dropped one is freed at once)
             self.received, self.stopping = None, False
             if self._group is not None:
                 import torch.distributed as dist

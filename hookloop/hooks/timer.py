@@ -63,7 +63,7 @@ class IterTimerHook(Hook):
     def after_run(self, trainer):
         self._hand_over()
         trainer.meters.remove_source(self._hand_over)
-        self._start = None
+        self._start = self._trainer = None  # (no cycle left through the trainer: a dropped one is freed at once)
 
     def _restart(self, now, done=None):
         trainer = self._trainer

@@ -87,10 +87,6 @@ class DeferredFileHandler(_OneLineFailure, logging.FileHandler):
         super().__init__(path, encoding='utf-8', delay=True)
         self._pending = []
 
-    @property
-    def started(self):
-        return self._pending is None
-
     def start(self):
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -151,7 +147,7 @@ def _direct(handler):
     take a line written to its stream as it would write it itself (else: a user's handler, one
     changed since, a ``.log`` not started yet or a destination turned off, which take the record)."""
     if type(handler) not in _OWN or handler.filters or handler.stream is None or handler.failure is not None \
-            or handler.terminator != '\n' or (type(handler) is DeferredFileHandler and not handler.started):
+            or handler.terminator != '\n' or getattr(handler, '_pending', None) is not None:  # (a .log not started)
         return False
     formatter = handler.formatter  # still the one create_logger made, as it made it
     return type(formatter) is logging.Formatter and getattr(formatter, 'hookloop_line', False) \
@@ -167,9 +163,10 @@ def _asctime(created, converter):
     return _MSEC_FORMAT % (cached[2], int((created - second) * 1000))
 
 
-def info_line(logger, message):
+def info_line(logger, message, *args):
     """``logger.info(message)`` for a run's logger, cheaper (a log event's line), written and
-    flushed now.
+    flushed now. With ``args``, ``message`` is a function that makes the message from them, called
+    only when the logger shows INFO lines (below INFO no line is formatted at all).
 
     The handlers :func:`create_logger` made get the line they would write, formatted once for
     all of them, without a ``LogRecord``; any other handler (a user's) gets the record as
@@ -177,6 +174,8 @@ def info_line(logger, message):
     reproduce (filters, another formatter or level) takes the standard path."""
     if not logger.isEnabledFor(logging.INFO):
         return
+    if args:
+        message = message(*args)
     if logger.filters or logger.disabled or not logger.handlers:
         logger.info(message, stacklevel=2)
         return

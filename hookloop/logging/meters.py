@@ -19,6 +19,7 @@ polling at every iteration.
 """
 import math
 import operator
+import weakref
 from collections import deque
 from itertools import islice
 
@@ -277,7 +278,7 @@ class BulkSeries:
     (a logger reserves its interval), so the dropped ones are not counted either."""
 
     def __init__(self, meters, key):
-        self._meters, self.key = meters, key
+        self._meters, self.key = weakref.ref(meters), key  # (the meters hold this: no cycle)
         self.resize(meters.history)
 
     def resize(self, history):
@@ -287,7 +288,7 @@ class BulkSeries:
 
     def collect(self):
         if self._values:
-            self._meters.extend(self.key, self._values)
+            self._meters().extend(self.key, self._values)
             self._values.clear()
 
 

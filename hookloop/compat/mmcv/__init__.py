@@ -44,6 +44,7 @@ from ...registry import HOOKS, Registry
 from ...optim.schedules import annealing_cos, annealing_linear
 from .checkpoint import CheckpointLoader, _load_checkpoint, load_checkpoint, save_checkpoint
 from .eval_hook import DistEvalHook, EvalHook
+from .optimizer_step import DrivenByMMCVCode
 from .optimizer import OPTIMIZER_BUILDERS, OPTIMIZERS, build_optimizer_constructor
 from .parallel import MMDataParallel, MMDistributedDataParallel, is_module_wrapper
 from .runner import LATEST_LINK, RUNNERS, BaseRunner, EpochBasedRunner, IterBasedRunner, build_runner, link_latest  # noqa: F401,E501
@@ -86,10 +87,10 @@ from .loggers import (ClearMLLoggerHook, DvcliveLoggerHook, MlflowLoggerHook, Ne
                       PaviLoggerHook, SegmindLoggerHook, SyncBuffersHook, WandbLoggerHook)
 
 
-def mmcv_asserting(cls):
+def mmcv_asserting(cls, *mixins):
     """``cls`` with MMCV's exception type for bad arguments: MMCV asserts them, so the
     ConfigError hookloop raises becomes a :class:`ConfigAssertionError` (also an
-    ``AssertionError`` and still a ``ValueError``)."""
+    ``AssertionError`` and still a ``ValueError``). ``mixins`` go before ``cls`` in the bases."""
     import functools
 
     @functools.wraps(cls.__init__)
@@ -100,7 +101,7 @@ def mmcv_asserting(cls):
             raise
         except ConfigError as exc:
             raise ConfigAssertionError(str(exc)) from None
-    return type(cls.__name__, (cls,), {'__init__': __init__, '__doc__': cls.__doc__, '__module__': __name__})
+    return type(cls.__name__, mixins + (cls,), {'__init__': __init__, '__doc__': cls.__doc__, '__module__': __name__})
 
 
 def _schedule_hooks():
@@ -114,11 +115,13 @@ def _schedule_hooks():
 
 SCHEDULE_HOOKS = _schedule_hooks()  # built once: mmcv.runner and mmcv.runner.hooks.lr_updater share the classes
 globals().update(SCHEDULE_HOOKS)
-# The optimizer hooks, with MMCV's exception types for their arguments.
-OptimizerHook = mmcv_asserting(_optimizer_hooks.OptimizerHook)
-Fp16OptimizerHook = mmcv_asserting(_optimizer_hooks.Fp16OptimizerHook)
-GradientCumulativeOptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeOptimizerHook)
-GradientCumulativeFp16OptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeFp16OptimizerHook)
+# The optimizer hooks, with MMCV's exception types for their arguments and MMCV's step when
+# code other than a hookloop trainer calls them (optimizer_step.py).
+OptimizerHook = mmcv_asserting(_optimizer_hooks.OptimizerHook, DrivenByMMCVCode)
+Fp16OptimizerHook = mmcv_asserting(_optimizer_hooks.Fp16OptimizerHook, DrivenByMMCVCode)
+GradientCumulativeOptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeOptimizerHook, DrivenByMMCVCode)
+GradientCumulativeFp16OptimizerHook = mmcv_asserting(_optimizer_hooks.GradientCumulativeFp16OptimizerHook,
+                                                     DrivenByMMCVCode)
 
 __all__ = ['EpochBasedRunner', 'IterBasedRunner', 'BaseRunner', 'RUNNERS', 'build_runner', 'HOOKS', 'Hook',
            'OptimizerHook', 'Fp16OptimizerHook', 'GradientCumulativeOptimizerHook',

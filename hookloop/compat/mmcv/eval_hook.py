@@ -44,8 +44,7 @@ class EvalHook(EvaluationHook):
         if rule is not None and rule not in ('greater', 'less'):
             raise _UnknownRuleError(f"rule must be 'greater', 'less' or None, got {rule!r}")
         if start is not None and start < 0:
-            warnings.warn(f'The evaluation start epoch {start} is smaller than 0', UserWarning)
-            start = 0
+            raise ConfigError(f'The evaluation start epoch {start} is smaller than 0')
         if test_fn is not None:
             raise ConfigError('EvalHook test_fn is not supported: the trainer runs the validation loop')
         super().__init__(interval=interval, by_epoch=by_epoch, start=start, save_best=save_best, rule=rule,
@@ -62,6 +61,8 @@ class EvalHook(EvaluationHook):
         # This hook brings the val data and the dataset's evaluator (MMCV's EvalHook holds both).
         trainer.set_validation(self.dataloader, self.evaluator)
         self.evaluator.trainer = trainer
+        if self.best is not None and hasattr(trainer, 'hook_messages'):  # an MMCV run's trainer
+            trainer.hook_messages()  # MMCV's EvalHook makes runner.meta, to record the best checkpoint in
 
     def evaluate(self, runner, results):
         """MMCV's: ``dataset.evaluate(results, logger=runner.logger, **eval_kwargs)``; the
@@ -70,13 +71,21 @@ class EvalHook(EvaluationHook):
         if not callable(getattr(dataset, 'evaluate', None)):
             raise ConfigError(f'EvalHook: {type(dataset).__name__} has no evaluate(results, ...) method')
         metrics = dataset.evaluate(results, logger=runner.logger, **self.eval_kwargs)
+        if self.best is not None and not metrics:  # MMCV's words (mmdetection issue 6265)
+            warnings.warn('Since `eval_res` is an empty dict, the behavior to save the best checkpoint will be '
+                          'skipped in this evaluation.')
         return dict(metrics) if isinstance(metrics, dict) else None  # MMCV ignores anything else
 
     def _keep_best(self, trainer, filename):
-        super()._keep_best(trainer, filename)
-        if self.best is not None and self.best.path is not None and trainer.meta is not None:
-            messages = trainer.meta.setdefault('hook_msgs', {})
-            messages['best_score'], messages['best_ckpt'] = self.best.score, self.best.path
+        if trainer.metrics:  # else nothing to compare (warned in evaluate): MMCV skips the best checkpoint
+            super()._keep_best(trainer, filename)
+
+    def _save_best(self, trainer, path, on_disk):
+        # MMCV records the new best in runner.meta before saving, so the best file holds it too
+        if trainer.meta is not None:
+            messages = trainer.hook_messages()
+            messages['best_score'], messages['best_ckpt'] = self.best.score, path
+        super()._save_best(trainer, path, on_disk)
 
 
 DistEvalHook = EvalHook  # ranks evaluate their shard; results are gathered before dataset.evaluate

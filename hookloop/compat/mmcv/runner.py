@@ -114,11 +114,19 @@ class BaseRunner:
             object.__setattr__(self, name, value)
 
     def _set_counter(self, name, value):
+        # MMCV's _iter is the global count (its _inner_iter is another counter); for an
+        # iteration-based run, run() places it in the passes over the loader once it has one
+        setattr(self.trainer.position, name, value)
+        if name == 'iter':
+            object.__setattr__(self, '_iter_assigned', True)
+
+    _iter_assigned = False
+
+    def _place_assigned_iter(self):
+        """``runner._iter = n`` before an iteration-based run: the pass over the loader and the
+        place in it the n-th iteration falls on."""
         position = self.trainer.position
-        if name == 'epoch':
-            position.epoch = value
-        else:
-            position.iter = position.inner_iter = value
+        position.epoch, position.inner_iter = divmod(position.iter, self.trainer.iters_per_epoch)
 
     @property
     def model(self):
@@ -178,6 +186,8 @@ class BaseRunner:
             if not any(getattr(h, 'ROLE', None) == 'evaluation' for h in trainer.hooks):
                 trainer.register_hook(EvaluationHook(interval=workflow[train_index][1], by_epoch=self.by_epoch))
         trainer.set_train_dataloader(data_loaders[train_index], **{length_key: length})
+        if self._iter_assigned and not self.by_epoch:
+            self._place_assigned_iter()
         return trainer.train()
 
     def resume(self, checkpoint, resume_optimizer=True, map_location='default'):

@@ -16,17 +16,24 @@ defaults, so a repository's hook that calls them runs unchanged:
 * ``call_hook(fn_name)`` for any method name (MMCV's ``call_hook('before_epoch')``);
 * and the Trainer's ``current_lr``, ``current_momentum``, ``get_hook_info``, ``register_*``.
 
+In an iteration-based run the hooks written for MMCV are called at the stages MMCV's
+``IterBasedRunner`` calls (``before_epoch`` / ``after_epoch`` once, never the train-epoch
+stages): :mod:`hookloop.compat.mmcv.iter_stages`.
+
 It also keeps MMCV's habits: ``latest.pth`` beside each checkpoint the ``last_checkpoint``
 pointer moves to (MMCV code resumes from it), the runner's ``meta`` in every checkpoint, and
 ``meta['hook_msgs']['last_ckpt']``.
 """
 import os
+import warnings
 
+from ...checkpoint.format import load_checkpoint
 from ...engine.checkpointer import plain
 from ...engine.trainer import Trainer
 from ...errors import ConfigError, ConfigTypeError
 from ...fileio import storage
 from ...registry import TRAINERS
+from .iter_stages import apply_iter_runner_stages
 
 LATEST_LINK = 'latest.pth'
 _CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.ckpt', '.bin', '.safetensors')
@@ -127,9 +134,36 @@ class MMCVTrainer(Trainer):
         if not resume_optimizer:
             raise ConfigError('resume(resume_optimizer=False) is not supported: hookloop resumes exactly; '
                               'use load_checkpoint(path) to start from the weights only')
-        return super().resume(checkpoint)
+        result = super().resume(checkpoint)
+        # MMCV's runner.meta takes the checkpoint's meta at once (hook_msgs: the best checkpoint...);
+        # the rest of the state is restored when the run starts (or now, during a run)
+        if isinstance(result, dict):
+            saved = result
+        else:  # a sharded checkpoint's meta comes with its restore
+            saved = load_checkpoint(checkpoint, map_location='cpu') if storage.isfile(checkpoint) else {}
+        if self.meta is None:
+            self.meta = self.runner_meta = {}
+        self.meta.update(saved.get('meta', {}))
+        return result
+
+    def hook_messages(self):
+        """``meta['hook_msgs']``, where MMCV's hooks record the last and best checkpoints; a
+        runner without ``meta`` gets one, with MMCV's warning (its EvalHook makes it so)."""
+        if self.meta is None:
+            warnings.warn('runner.meta is None. Creating an empty one.')
+            self.meta = self.runner_meta = {}
+        return self.meta.setdefault('hook_msgs', {})
 
     # -- hooks -------------------------------------------------------------------------------
+    def resolve_hooks(self):
+        """The trainer's; in an iteration-based run, the hooks written for MMCV get the stages
+        MMCV's IterBasedRunner calls (:mod:`hookloop.compat.mmcv.iter_stages`)."""
+        rebuilt = self._dispatch is None
+        table = super().resolve_hooks()
+        if rebuilt and self.iter_based_runner:
+            apply_iter_runner_stages(self._dispatch, self.hooks)
+        return table
+
     def call_hook(self, fn_name, *args):
         """Call ``fn_name`` on the hooks: a stage through the trainer's dispatch, any other
         method name (MMCV's ``call_hook('before_epoch')``) on every hook that has it, in order."""

@@ -10,23 +10,9 @@ import torch
 from ...errors import ConfigError
 from ...fileio.paths import ensure_writable_dir
 from ...logging.profiling import profile_record
+from ...optim.param_groups import momentum_of
 from ...priority import Priority
 from ..base import Hook
-
-
-def current_lr(optimizer):
-    return optimizer.param_groups[0]['lr'] if optimizer is not None and optimizer.param_groups else None
-
-
-def current_momentum(optimizer):
-    if optimizer is None or not optimizer.param_groups:
-        return None
-    group = optimizer.param_groups[0]
-    if 'momentum' in group:
-        return group['momentum']
-    if 'betas' in group:
-        return group['betas'][0]
-    return None
 
 
 def flatten(value, prefix=''):
@@ -178,11 +164,11 @@ class LoggerHook(Hook):
         if self.by_epoch:
             record['inner_iter'] = position.inner_iter + 1
         optimizer = trainer.optimizer
-        lr, momentum = current_lr(optimizer), current_momentum(optimizer)
-        if lr is not None:
-            record['lr'] = lr
-        if momentum is not None:
-            record['momentum'] = momentum
+        if optimizer is not None and optimizer.param_groups:  # the first group's, as MMCV's current_lr()
+            group = optimizer.param_groups[0]
+            record['lr'] = group['lr']
+            if 'momentum' in group or 'betas' in group:
+                record['momentum'] = momentum_of(group)
         for key in ('time', 'data_time'):
             if key in summary:
                 record[key] = summary[key]['avg']

@@ -1,7 +1,6 @@
 """TextLoggerHook: the terminal line and the JSON-lines log of a run."""
 import datetime
 import json
-import logging
 import os
 import shutil
 import time
@@ -70,11 +69,16 @@ class TextLoggerHook(LoggerHook):
         self._wall_start = time.perf_counter()
 
     def output_dirs(self, trainer):
-        return {'log': os.path.join(trainer.work_dir, os.fspath(self.out_dir))} if self.out_dir is not None else {}
+        return {'log': os.path.abspath(self._copy_dir(trainer))} if self.out_dir is not None else {}
+
+    def _copy_dir(self, trainer):
+        """Where the logs are copied: ``<out_dir>/<basename of work_dir>`` (MMCV's place; a
+        relative ``out_dir`` is taken from the current directory, as MMCV takes it)."""
+        return os.path.join(os.fspath(self.out_dir), os.path.basename(trainer.work_dir))
 
     def open(self, trainer):
         if self.out_dir is not None:
-            check_writable_dir(os.path.join(self.out_dir, os.path.basename(trainer.work_dir)), type(self).__name__)
+            check_writable_dir(self._copy_dir(trainer), type(self).__name__)
         self.json_path = json_log_path(trainer)
         self.exp_name = os.path.basename(trainer.work_dir)
         self._json_file = open(self.json_path, 'ab')
@@ -92,8 +96,6 @@ class TextLoggerHook(LoggerHook):
         """The line (terminal and ``.log``) and the JSON record of a log event, written and
         flushed now: a crash right after keeps them."""
         logger = self._logger
-        shown = logger.isEnabledFor(logging.INFO)  # below INFO no line is formatted at all
-        eta = count = None
         if record['mode'] == 'train':
             n = self.interval_exp_name
             if n and record['iter'] // n > self._last_iter // n:  # crossed a multiple of n
@@ -101,16 +103,15 @@ class TextLoggerHook(LoggerHook):
             eta = self.eta_seconds(trainer, record)  # now: it keeps the sum of logged times
             count = trainer.epoch_length if self.by_epoch else trainer.max_iters
             self._last_iter = record['iter']
-        if shown:
-            info_line(logger, self._line(record, eta, count))  # a user's handler gets the record now
+            info_line(logger, self._format_train, record, eta, count)  # (formatted only when shown)
+        else:
+            info_line(logger, self._format_val, record)
         self._write_json(record)
 
     def log_profile(self, trainer, record):
         self._write_json(record)
 
-    def _line(self, record, eta, count):
-        if record['mode'] == 'train':
-            return self._format_train(record, eta, count)
+    def _format_val(self, record):
         items = ', '.join(f'{k}: {_fmt(v)}' for k, v in self.metrics_of(record).items())
         where = f'Epoch(val) [{record["epoch"]}]' if self.by_epoch else f'Iter(val) [{record["iter"]}]'
         return f'{where}  {items}'
@@ -169,7 +170,7 @@ class TextLoggerHook(LoggerHook):
             self._json_file = None
         if not self.out_dir:
             return
-        target = os.path.join(self.out_dir, os.path.basename(trainer.work_dir))
+        target = self._copy_dir(trainer)
         for handler in trainer.logger.handlers:  # the .log file must be complete before copying
             handler.flush()
         for name in sorted(os.listdir(trainer.work_dir)):
