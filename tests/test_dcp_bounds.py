@@ -99,17 +99,17 @@ def test_a_layout_that_is_no_grid_is_refused_before_it_is_counted():
     n = 2048
     layout = [((i, i), (1, 4096 - i)) for i in range(n)] + [((i, 0), (1, i)) for i in range(1, n)]
     layout += [((n, 0), (4096 - n, 4096)), ((0, 0), (1, 0))]
-    start = time.process_time()
+    start = time.thread_time()
     with pytest.raises(CheckpointError, match='do not form a grid'):
         check_tiling('w', (4096, 4096), layout, refuser)
-    assert time.process_time() - start < 50 * _clean_tiling_time()
+    assert time.thread_time() - start < 50 * _clean_tiling_time()
 
 
 def _clean_tiling_time():
     layout = grid((4096, 4096), random.Random(1), pieces=64)
-    start = time.process_time()
+    start = time.thread_time()
     check_tiling('w', (4096, 4096), layout, refuser)
-    return max(time.process_time() - start, 1e-3)
+    return max(time.thread_time() - start, 1e-3)
 
 
 # -- the issue's cases through the command line ---------------------------------------------
@@ -298,14 +298,17 @@ class PeakMemory:
 
 
 def _measured(path, states):
+    """``(refusal or None, CPU seconds of this thread, peak memory rise)`` of loading ``path``.
+    The load runs in this thread (torch limited to it by the test), so its CPU time is what it
+    costs whatever else the machine runs (the whole process's would count idle threads spinning)."""
     with PeakMemory() as memory:
-        start = time.process_time()
+        start = time.thread_time()
         try:
             load_dcp(states, str(path))
             error = None
         except CheckpointError as exc:
             error = str(exc)
-        cpu = time.process_time() - start
+        cpu = time.thread_time() - start
     return error, cpu, memory.rise
 
 
@@ -368,7 +371,15 @@ def _payload(rng, key):
     return deflated(saved(0.1), rng.choice([4 << 20, 64 << 20])), False  # 'bomb'
 
 
-def test_fuzz_chunk_layouts_and_payloads_are_refused_in_one_line_within_bounds(tmp_path):
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_fuzz_chunk_layouts_and_payloads_are_refused_in_one_line_within_bounds(tmp_path, one_thread):
     rng = random.Random(36)
     reference = _states(0)
     base = tmp_path / 'base'
