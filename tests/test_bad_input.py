@@ -32,7 +32,7 @@ CONFIG_ERRORS = [
     ("work_dir = '{afile}'", 'is a file, not a directory'),
     ("resume_policy = 'sometimes'", 'resume_policy must be one of'),
     ("log_config = dict(interval=1, hooks=[dict(type='TextLoggerHook', out_dir='{afile}')])",
-     "afile/run' cannot be created: "),  # (it copies into <out_dir>/<work dir name>)
+     "afile/run' is not writable: it cannot be created"),  # (it copies into <out_dir>/<work dir name>)
 ]
 
 

@@ -31,7 +31,7 @@ def check_can_create_dir(path, what):
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise ConfigError(f'{what} {path!r} cannot be created: {parent!r} is a file, not a directory')
+        raise ConfigError(f'{what} {path!r} is not writable: it cannot be created, {parent!r} is a file')
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f'{what} {path!r} is not writable: it cannot be created in {parent!r}')
     return path
