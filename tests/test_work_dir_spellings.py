@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from conftest import Regressor, regression_data
 from hookloop import Hook, Trainer
+from hookloop.checkpoint.restore_checks import named_position
 from hookloop.errors import ConfigError
 from hookloop.fileio.work_dir_identity import lock_identity, resolve_location
 from test_storage import s3, s3_endpoint  # noqa: F401  (moto's server and a fresh bucket)
@@ -90,8 +91,11 @@ def test_every_pair_of_spellings_of_an_s3_prefix_runs_once(tmp_path, monkeypatch
             assert outcome is not None and 'is in use by another run' in outcome, (first, second, outcome)
             assert trainer.iter == 4
         fs.invalidate_cache()
-        assert sorted(p.rsplit('/', 1)[1] for p in fs.ls(f'{bucket}/run') if p.endswith('.pth')) == \
-            ['iter_2.pth', 'iter_4.pth']
+        # each run that ran wrote under the one prefix (a later run's names carry a run tag,
+        # iter_2.run1.1.pth: a run never overwrites an older run's checkpoint)
+        saved = [p for p in fs.ls(f'{bucket}/run') if p.endswith('.pth')]
+        assert {named_position(p) for p in saved} == {('iter', 2), ('iter', 4)}
+        assert len(saved) == 2 * len(list(itertools.combinations(spellings, 2)))
     finally:
         for mirror in mirrors:
             shutil.rmtree(mirror, ignore_errors=True)
