@@ -103,9 +103,9 @@ class Checkpointer(WeightGate):
 
         A state that is not finite (beyond the run's baseline) is refused first
         (``hookloop/checkpoint/finite_state.py``): nothing is written. The check is this rank's own,
-        except in a sharded save, which every rank makes: there the ranks agree (``dist/verdict.py``). ``on_disk()`` (retention, replacing the best) runs once the file is on disk:
-        at once for a synchronous save, at the next wait for an asynchronous one, never
-        when the write failed."""
+        except in a sharded save, which every rank makes: there the ranks agree (``dist/verdict.py``).
+        ``on_disk()`` (retention, replacing the best) runs once the file is on disk: at once for a
+        synchronous save, at the next wait for an asynchronous one, never when the write failed."""
         t = self._trainer
         path = t.workspace.join(path)
         self.lineage.wrote(path)
