@@ -27,6 +27,11 @@ from hookloop.checkpoint.format import load_checkpoint
 from hookloop.errors import InvalidLossError
 from hookloop.priority import Priority
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'dist'))
+import safety_worker as SW  # noqa: E402  (the 2-process part's worker; its EarlyStop is the hook with an inf sentinel)
+from launch import ROOT, check_ok, torchrun  # noqa: E402
+from safety_worker import EarlyStop  # noqa: E402
+
 CAUSAL = torch.nn.Transformer.generate_square_subsequent_mask(4)
 BUFFERS = {
     'mask': lambda: CAUSAL.clone(),
@@ -40,17 +45,6 @@ class Drawn(Regressor):
         super().__init__()
         for name in buffers:
             self.register_buffer(name, BUFFERS[name]())
-
-
-class EarlyStop(Hook):
-    def __init__(self):
-        self.best = math.inf
-
-    def state_dict(self):
-        return {'best': self.best}
-
-    def load_state_dict(self, state):
-        self.best = state['best']
 
 
 class Inject(Hook):
@@ -153,9 +147,6 @@ def test_random_runs_save_every_good_state_and_no_bad_one(tmp_path, seed):
         assert_no_new_non_finite(load_checkpoint(str(tmp_path / name)), start)
 
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'dist'))
-import safety_worker as SW  # noqa: E402
-from launch import ROOT, check_ok, torchrun  # noqa: E402
 
 GLOO_SEEDS = (0, 1, 2, 3)
 
