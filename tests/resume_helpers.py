@@ -143,6 +143,20 @@ def kill_group(pid):
         pass
 
 
+def kill_at_first_checkpoint(process, work_dir, timeout):
+    """Wait (at most ``timeout`` seconds) until the run ``process`` trains in ``work_dir`` has a
+    checkpoint, SIGKILL it there and return the iteration that checkpoint holds. The run must
+    still be going when its first checkpoint appears (else its output is the failure)."""
+    from hookloop.checkpoint.format import load_checkpoint, read_pointer
+    deadline = time.monotonic() + timeout
+    while read_pointer(str(work_dir)) is None and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process.poll() is None, process.stdout.read().decode()[-3000:]
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return load_checkpoint(read_pointer(str(work_dir)))['meta']['iter']
+
+
 def launch(config, work_dir):
     """``python -m hookloop train CONFIG --work-dir W --resume auto`` in a new process."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, 'tests')]))

@@ -1,7 +1,6 @@
 """DreamBooth on a tiny random Stable Diffusion pipeline: LoRA through peft, text-encoder
 training, small checkpoints (only what trains) and exact resume after kill -9."""
 import os
-import signal
 import time
 
 import pytest
@@ -176,7 +175,7 @@ device = 'cpu'
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lora_kill_9_then_resume_auto_is_bitwise_exact(tmp_path, base):
-    from resume_helpers import kill_leftovers, launch
+    from resume_helpers import kill_at_first_checkpoint, kill_leftovers, launch
     from hookloop.cli import build_from_config
     subject = subject_images(tmp_path / 'subject')
     config = tmp_path / 'lora.py'
@@ -187,13 +186,7 @@ def test_lora_kill_9_then_resume_auto_is_bitwise_exact(tmp_path, base):
     work_dir = tmp_path / 'run'
     try:
         process = launch(str(config), work_dir)
-        deadline = time.monotonic() + 120
-        while read_pointer(str(work_dir)) is None and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert process.poll() is None, process.stdout.read().decode()[-3000:]
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        killed_at = load_checkpoint(read_pointer(str(work_dir)))['meta']['iter']
+        killed_at = kill_at_first_checkpoint(process, work_dir, timeout=120)
         assert killed_at < 8
         config.write_text(LORA_CONFIG.format(base=base, subject=subject, delay=0.0))
         process = launch(str(config), work_dir)

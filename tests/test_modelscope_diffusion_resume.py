@@ -3,17 +3,15 @@ again with ``resume_from='auto'`` end bitwise where an uninterrupted run ends (t
 trained weights and the weights in ``output/``): what ModelScope's own trainers cannot do
 (their ``train()`` restarts at iteration 0 with a new loader order)."""
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from hookloop.checkpoint.format import load_checkpoint, read_pointer
 from modelscope_sd_helpers import make_dataset_dir, make_model_dir, noise_png, one_thread, run_trainer  # noqa: F401
-from resume_helpers import kill_group
+from resume_helpers import kill_at_first_checkpoint, kill_group
 
 pytest.importorskip('diffusers')
 pytest.importorskip('peft')
@@ -55,13 +53,7 @@ def test_kill_9_then_resume_auto_is_bitwise_the_uninterrupted_run(tmp_path, inpu
     work_dir = tmp_path / 'run'
     process = launch(name, model_dir, data_dir, work_dir, class_dir, delay=1.0)
     try:
-        deadline = time.monotonic() + 300
-        while read_pointer(str(work_dir)) is None and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert process.poll() is None, process.stdout.read().decode()[-3000:]
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        killed_at = load_checkpoint(read_pointer(str(work_dir)))['meta']['iter']
+        killed_at = kill_at_first_checkpoint(process, work_dir, timeout=300)
         assert killed_at < 6
         process = launch(name, model_dir, data_dir, work_dir, class_dir, delay=0.0)
         output = process.communicate(timeout=300)[0].decode()
